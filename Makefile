@@ -1,0 +1,53 @@
+# evercert: see README.md. `make run` starts the example server on its
+# embedded self-signed default; `make test` runs every test tier CI runs.
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+RUN_ARGS  ?= --secure-port=8443 --ca-bundle-file=$(CURDIR)/tmp/evercert-ca.crt
+BENCH     ?= .
+BENCHTIME ?= 1s
+COUNT     ?= 6
+
+.PHONY: all build test test-unit soak soak-short bench verify run fuzz clean
+
+all: build
+
+build:
+	$(GO) build ./...
+
+## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak).
+test: test-unit test-e2e soak-short
+
+## test-unit: unit and integration tests with the race detector; real TLS handshakes on 127.0.0.1.
+test-unit:
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## soak-short: the soak tests in their short form (part of make test).
+soak-short:
+	$(GO) test -race -count=1 -timeout 20m -tags soak ./test/soak/... -args -soak.duration=15s
+
+## soak: the long soak (not part of make test).
+soak:
+	$(GO) test -count=1 -timeout 60m -tags soak ./test/soak/... -v -args -soak.duration=60s -soak.years=10
+
+## bench: benchmarks side by side with upstream and a static tls.Config; writes BENCHMARKS.md.
+bench:
+	hack/bench.sh
+
+## fuzz: run each fuzz target for FUZZTIME (default 5m).
+fuzz:
+	hack/fuzz.sh
+
+## verify: gofmt, go vet, staticcheck.
+verify:
+	hack/verify.sh
+
+## run: the example server on the embedded self-signed default.
+run:
+	@mkdir -p $(CURDIR)/tmp
+	$(GO) run ./example/server $(RUN_ARGS)
+
+clean:
+	rm -rf $(BIN) $(CURDIR)/tmp
+
+include hack/e2e.mk

@@ -1,0 +1,91 @@
+package dynamiccert
+
+import (
+	"crypto/x509"
+	"fmt"
+
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// StaticCertKey serves fixed certificate and key content. It never changes,
+// so AddListener is a no-op. It is safe for concurrent use.
+type StaticCertKey struct {
+	name     string
+	certPEM  []byte
+	keyPEM   []byte
+	sniNames []string
+	pair     *pki.KeyPair
+}
+
+var (
+	_ dynamiccertificates.CertKeyContentProvider    = &StaticCertKey{}
+	_ dynamiccertificates.SNICertKeyContentProvider = &StaticCertKey{}
+)
+
+// NewStaticCertKey validates certPEM and keyPEM (structure, and that the key
+// matches the certificate; validity dates are checked by whoever serves it,
+// against its own clock) and returns a provider for them. sniNames, when
+// given, replace the names taken from the certificate for SNI selection.
+func NewStaticCertKey(name string, certPEM, keyPEM []byte, sniNames ...string) (*StaticCertKey, error) {
+	pair, err := pki.ParseCertKey(certPEM, keyPEM, zeroTime)
+	if err != nil {
+		return nil, fmt.Errorf("loading static certificate %q: %w", name, err)
+	}
+	return &StaticCertKey{
+		name:     name,
+		certPEM:  cloneBytes(certPEM),
+		keyPEM:   cloneBytes(keyPEM),
+		sniNames: append([]string(nil), sniNames...),
+		pair:     pair,
+	}, nil
+}
+
+// Name returns the provider name given to NewStaticCertKey.
+func (s *StaticCertKey) Name() string { return s.name }
+
+// CurrentCertKeyContent returns the certificate and key PEM. Callers must not
+// modify the returned slices.
+func (s *StaticCertKey) CurrentCertKeyContent() ([]byte, []byte) { return s.certPEM, s.keyPEM }
+
+// SNINames returns the explicit SNI names, or nil.
+func (s *StaticCertKey) SNINames() []string { return s.sniNames }
+
+// Current returns the parsed key pair.
+func (s *StaticCertKey) Current() *pki.KeyPair { return s.pair }
+
+// AddListener does nothing: static content never changes.
+func (s *StaticCertKey) AddListener(dynamiccertificates.Listener) {}
+
+// StaticCA serves a fixed CA bundle. It is safe for concurrent use.
+type StaticCA struct {
+	name   string
+	bundle []byte
+	opts   x509.VerifyOptions
+}
+
+var _ dynamiccertificates.CAContentProvider = &StaticCA{}
+
+// NewStaticCA validates bundle (one or more PEM CERTIFICATE blocks, nothing
+// else) and returns a provider for it.
+func NewStaticCA(name string, bundle []byte) (*StaticCA, error) {
+	pool, _, err := pki.NewPool(bundle)
+	if err != nil {
+		return nil, fmt.Errorf("loading static CA bundle %q: %w", name, err)
+	}
+	return &StaticCA{name: name, bundle: cloneBytes(bundle), opts: clientVerifyOptions(pool)}, nil
+}
+
+// Name returns the provider name given to NewStaticCA.
+func (s *StaticCA) Name() string { return s.name }
+
+// CurrentCABundleContent returns the bundle PEM. Callers must not modify it.
+func (s *StaticCA) CurrentCABundleContent() []byte { return s.bundle }
+
+// VerifyOptions returns options that verify client certificates against the
+// bundle.
+func (s *StaticCA) VerifyOptions() (x509.VerifyOptions, bool) { return s.opts, true }
+
+// AddListener does nothing: static content never changes.
+func (s *StaticCA) AddListener(dynamiccertificates.Listener) {}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Static checks: gofmt, go vet and staticcheck (pinned, installed into ./bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2 # honnef.co/go/tools release that supports Go 1.26
+BIN="$PWD/bin"
+mkdir -p "$BIN"
+if ! "$BIN/staticcheck" -version 2>/dev/null | grep -q "${STATICCHECK_VERSION#v}"; then
+  GOBIN="$BIN" go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
+fi
+
+echo "gofmt"
+unformatted=$(gofmt -l $(git ls-files --cached --others --exclude-standard '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+echo "go vet"
+go vet -tags e2e ./...
+echo "staticcheck"
+"$BIN/staticcheck" -tags e2e ./...

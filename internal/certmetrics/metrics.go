@@ -1,0 +1,101 @@
+// Package certmetrics defines every metric evercert exports, in one place, so
+// that names stay consistent across packages. The metrics are registered in
+// k8s.io/component-base's legacyregistry the first time any of them is used,
+// and are served by whatever exposes that registry (server's /metrics, or a
+// genericapiserver's).
+//
+// All functions are safe for concurrent use.
+package certmetrics
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+)
+
+const namespace = "evercert"
+
+var (
+	expiration = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      namespace,
+		Name:           "certificate_expiration_timestamp_seconds",
+		Help:           "NotAfter of the certificate a provider currently serves, as a Unix timestamp.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
+	rotations = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "certificate_rotations_total",
+		Help:           "Number of times a provider's served certificate changed after the first load.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
+	loadErrors = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "certificate_load_errors_total",
+		Help:           "Number of times a provider's new content was rejected; the last good certificate kept being served.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
+	caBundlePublish = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "cabundle_publish_total",
+		Help:           "Number of caBundle publish attempts by target kind and result (success, error, conflict, unchanged).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"kind", "result"})
+
+	loopbackSelfcheck = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "loopback_selfcheck_total",
+		Help:           "Number of requests a server made to itself through its loopback client, by result (success, error).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"result"})
+
+	registerOnce sync.Once
+)
+
+// Register registers every evercert metric with the legacyregistry. It is
+// idempotent, and every other function here calls it.
+func Register() {
+	registerOnce.Do(func() {
+		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck)
+	})
+}
+
+// CertificateLoaded records that provider now serves a certificate that
+// expires at notAfter. rotated says whether it replaced a previous one.
+func CertificateLoaded(provider string, notAfter time.Time, rotated bool) {
+	Register()
+	expiration.WithLabelValues(provider).Set(float64(notAfter.Unix()))
+	if rotated {
+		rotations.WithLabelValues(provider).Inc()
+	} else {
+		// Make the series exist at 0 so alerts on rate() work from the start.
+		rotations.WithLabelValues(provider).Add(0)
+	}
+	loadErrors.WithLabelValues(provider).Add(0)
+}
+
+// LoadError records that provider's new content was rejected.
+func LoadError(provider string) {
+	Register()
+	loadErrors.WithLabelValues(provider).Inc()
+}
+
+// CABundlePublished records one caBundle publish attempt.
+func CABundlePublished(kind, result string) {
+	Register()
+	caBundlePublish.WithLabelValues(kind, result).Inc()
+}
+
+// LoopbackSelfcheck records one loopback self-check request.
+func LoopbackSelfcheck(success bool) {
+	Register()
+	result := "success"
+	if !success {
+		result = "error"
+	}
+	loopbackSelfcheck.WithLabelValues(result).Inc()
+}

@@ -1,0 +1,150 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"time"
+)
+
+// ClockSkew is how far NotBefore is backdated on every issued certificate, so
+// that a peer whose clock is a little behind still accepts it.
+const ClockSkew = 5 * time.Minute
+
+// Issued is a certificate together with its private key, in both parsed and
+// PEM forms. It is immutable once returned.
+type Issued struct {
+	Cert    *x509.Certificate
+	Key     crypto.Signer
+	CertPEM []byte
+	KeyPEM  []byte
+}
+
+// Request describes a certificate to issue.
+type Request struct {
+	// CommonName is the subject CN.
+	CommonName string
+	// DNSNames and IPs become subject alternative names (leaf only).
+	DNSNames []string
+	IPs      []net.IP
+	// KeyType selects the key algorithm; zero means ECDSAP256.
+	KeyType KeyType
+	// Now is the issuance time; NotBefore is Now-ClockSkew.
+	Now time.Time
+	// Lifetime is NotAfter-Now. It must be positive.
+	Lifetime time.Duration
+}
+
+func (r Request) validity() (time.Time, time.Time, error) {
+	if r.Lifetime <= 0 {
+		return time.Time{}, time.Time{}, fmt.Errorf("certificate lifetime must be positive, got %v", r.Lifetime)
+	}
+	if r.Now.IsZero() {
+		return time.Time{}, time.Time{}, errors.New("issuance time is not set")
+	}
+	return r.Now.Add(-ClockSkew), r.Now.Add(r.Lifetime), nil
+}
+
+// NewSerial returns a random, positive 128-bit serial number.
+func NewSerial() (*big.Int, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, fmt.Errorf("generating serial number: %w", err)
+	}
+	// Zero is not a valid serial; a collision chance of 2^-128 is fine, a
+	// zero is not.
+	return serial.Add(serial, big.NewInt(1)), nil
+}
+
+// NewCA issues a self-signed CA certificate that can sign leaves only
+// (MaxPathLen 0).
+func NewCA(r Request) (*Issued, error) {
+	notBefore, notAfter, err := r.validity()
+	if err != nil {
+		return nil, err
+	}
+	key, err := GenerateKey(r.KeyType)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := NewSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: r.CommonName},
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	return sign(tmpl, tmpl, key, key)
+}
+
+// IssueLeaf issues a server (and client) leaf certificate signed by ca. The
+// leaf never outlives its CA: NotAfter is capped at the CA's NotAfter.
+func IssueLeaf(ca *Issued, r Request) (*Issued, error) {
+	if ca == nil || ca.Cert == nil || ca.Key == nil {
+		return nil, errors.New("issuing leaf: no CA")
+	}
+	notBefore, notAfter, err := r.validity()
+	if err != nil {
+		return nil, err
+	}
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	if notBefore.Before(ca.Cert.NotBefore) {
+		notBefore = ca.Cert.NotBefore
+	}
+	key, err := GenerateKey(r.KeyType)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := NewSerial()
+	if err != nil {
+		return nil, err
+	}
+	keyUsage := x509.KeyUsageDigitalSignature
+	if _, isRSA := key.Public().(*rsa.PublicKey); isRSA {
+		// RSA key exchange in TLS 1.2 needs KeyEncipherment; harmless otherwise.
+		keyUsage |= x509.KeyUsageKeyEncipherment
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: r.CommonName},
+		DNSNames:              r.DNSNames,
+		IPAddresses:           r.IPs,
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              keyUsage,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+	return sign(tmpl, ca.Cert, key, ca.Key)
+}
+
+func sign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer) (*Issued, error) {
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing certificate %q: %w", tmpl.Subject.CommonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parsing issued certificate %q: %w", tmpl.Subject.CommonName, err)
+	}
+	keyPEM, err := EncodeKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{Cert: cert, Key: key, CertPEM: EncodeCertPEM(der), KeyPEM: keyPEM}, nil
+}

@@ -1,0 +1,79 @@
+// Package tlstest runs real TLS servers and handshakes on 127.0.0.1 for
+// evercert's tests.
+package tlstest
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Server accepts TLS connections on 127.0.0.1 with config, completes the
+// handshake, writes one byte so the client knows the server side finished,
+// and closes. It stops when the test ends.
+func Server(t testing.TB, config *tls.Config) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listening on 127.0.0.1: %v", err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer conn.Close()
+				tc := tls.Server(conn, config)
+				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+				if tc.Handshake() == nil {
+					_, _ = tc.Write([]byte{1})
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// Handshake dials addr with config, completes a TLS handshake and returns
+// the leaf certificate the server presented.
+func Handshake(addr string, config *tls.Config) (*x509.Certificate, error) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, config)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	// Reading the server's byte surfaces a server-side rejection of our
+	// client certificate, which TLS 1.3 reports only after the handshake.
+	if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil {
+		return nil, err
+	}
+	certs := conn.ConnectionState().PeerCertificates
+	if len(certs) == 0 {
+		return nil, errors.New("server presented no certificate")
+	}
+	return certs[0], nil
+}
+
+// Pool returns a CertPool holding the PEM certificates in bundle, failing the
+// test if there are none.
+func Pool(t testing.TB, bundle []byte) *x509.CertPool {
+	t.Helper()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(bundle) {
+		t.Fatalf("no certificates in CA bundle")
+	}
+	return pool
+}
