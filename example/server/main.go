@@ -1,0 +1,46 @@
+// Command server is evercert's example HTTPS server. With no flags it serves
+// an in-memory self-signed certificate that rotates by itself; every flag of
+// server.Options works. Its / page shows what each provider serves.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/example/server/app"
+)
+
+func main() {
+	opts := app.NewOptions()
+	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
+	opts.AddFlags(fs)
+	logOpts := logs.NewOptions()
+	logsapi.AddFlags(logOpts, fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == pflag.ErrHelp {
+			return
+		}
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := logsapi.ValidateAndApply(logOpts, nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, opts, os.Stdout); err != nil {
+		klog.ErrorS(err, "Server failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}

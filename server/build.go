@@ -1,0 +1,164 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/sni"
+)
+
+// Serving is what Options build: the certificate providers, the sni
+// controller that serves them, and the trust bundle clients should use. Run
+// it, then Serve.
+type Serving struct {
+	opts *Options
+
+	// Controller selects the certificate for each handshake.
+	Controller *sni.DynamicServingCertificateController
+	// Serving is the default certificate provider.
+	Serving dynamiccertificates.CertKeyContentProvider
+	// SNI are the providers selected by name, in precedence order.
+	SNI []dynamiccertificates.SNICertKeyContentProvider
+	// ClientCA verifies client certificates; nil when not configured.
+	ClientCA dynamiccertificates.CAContentProvider
+	// TrustBundle is the CA bundle clients should trust, when evercert knows
+	// it (the self-signed default); nil otherwise.
+	TrustBundle dynamiccertificates.CAContentProvider
+
+	runners []dynamiccertificates.ControllerRunner
+	synced  chan struct{}
+	once    sync.Once
+
+	addrMu    sync.Mutex
+	addr      net.Addr
+	listening chan struct{}
+}
+
+// Build validates o and makes the providers and the sni controller. extraSNI
+// providers (a loopback certificate, say) come first in SNI precedence.
+// Nothing runs until Run.
+func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvider) (*Serving, error) {
+	if errs := o.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	s := &Serving{opts: o, SNI: append([]dynamiccertificates.SNICertKeyContentProvider(nil), extraSNI...), synced: make(chan struct{}), listening: make(chan struct{})}
+
+	switch {
+	case o.CertFile != "":
+		p, err := dynamiccert.NewFileCertKey(dynamiccert.FileCertKeyConfig{
+			Name: "serving-cert", CertFile: o.CertFile, KeyFile: o.KeyFile,
+			ResyncInterval: o.ResyncInterval, Clock: o.Clock,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert-file: %w", err)
+		}
+		s.Serving = p
+		s.runners = append(s.runners, p)
+	case len(o.SNICertKeys) == 0:
+		p, err := dynamiccert.NewSelfSigned(o.selfSignedConfig())
+		if err != nil {
+			return nil, fmt.Errorf("self-signed default: %w", err)
+		}
+		s.Serving, s.TrustBundle = p, p
+		s.runners = append(s.runners, p)
+	}
+	for i, nck := range o.SNICertKeys {
+		p, err := dynamiccert.NewFileCertKey(dynamiccert.FileCertKeyConfig{
+			Name:     fmt.Sprintf("sni-serving-cert::%s::%s", nck.CertFile, nck.KeyFile),
+			CertFile: nck.CertFile, KeyFile: nck.KeyFile, SNINames: nck.Names,
+			ResyncInterval: o.ResyncInterval, Clock: o.Clock,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--tls-sni-cert-key[%d]: %w", i, err)
+		}
+		s.SNI = append(s.SNI, p)
+		s.runners = append(s.runners, p)
+	}
+	if o.ClientCAFile != "" {
+		p, err := dynamiccert.NewFileCA(dynamiccert.FileCAConfig{
+			Name: "client-ca-bundle", File: o.ClientCAFile, ResyncInterval: o.ResyncInterval, Clock: o.Clock,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca-file: %w", err)
+		}
+		s.ClientCA = p
+		s.runners = append(s.runners, p)
+	}
+	for _, p := range extraSNI {
+		if r, ok := p.(dynamiccertificates.ControllerRunner); ok {
+			s.runners = append(s.runners, r)
+		}
+	}
+
+	base, err := o.baseTLSConfig()
+	if err != nil {
+		return nil, err
+	}
+	s.Controller = sni.NewDynamicServingCertificateController(base, s.ClientCA, s.Serving, s.SNI, sni.WithClock(o.Clock))
+	return s, nil
+}
+
+// baseTLSConfig is the template every served tls.Config is cloned from:
+// the version floor, the TLS 1.2 suites, and HTTP/2 first in ALPN.
+func (o *Options) baseTLSConfig() (*tls.Config, error) {
+	minVersion, err := cliflag.TLSVersion(o.MinTLSVersion)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-min-version: %w", err)
+	}
+	suites, err := cliflag.TLSCipherSuites(o.CipherSuites)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
+	}
+	return &tls.Config{
+		MinVersion:   minVersion,
+		CipherSuites: suites,
+		NextProtos:   []string{"h2", "http/1.1"},
+	}, nil
+}
+
+// Run loads every source once, fails if nothing can be served, then keeps
+// the sources and the controller current until ctx is done. It returns nil
+// when ctx ends after a successful start.
+func (s *Serving) Run(ctx context.Context) error {
+	for _, r := range s.runners {
+		if err := r.RunOnce(ctx); err != nil {
+			// A file that is missing now may appear later; the controller
+			// decides below whether anything at all can be served.
+			klog.ErrorS(err, "Initial load failed; will keep retrying")
+		}
+	}
+	if err := s.Controller.RunOnce(ctx); err != nil {
+		return fmt.Errorf("no serving certificate: %w", err)
+	}
+	var writer *bundleFileWriter
+	if s.opts.CABundleFile != "" && s.TrustBundle != nil {
+		writer = newBundleFileWriter(s.opts.CABundleFile, s.TrustBundle)
+		if err := writer.write(); err != nil {
+			return fmt.Errorf("--ca-bundle-file: %w", err)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range s.runners {
+		wg.Go(func() { r.Run(ctx, 1) })
+	}
+	wg.Go(func() { s.Controller.Run(ctx, 1) })
+	if writer != nil {
+		wg.Go(func() { writer.run(ctx) })
+	}
+	s.once.Do(func() { close(s.synced) })
+	wg.Wait()
+	return nil
+}
+
+// Synced is closed once Run has loaded a certificate and the server may
+// start listening.
+func (s *Serving) Synced() <-chan struct{} { return s.synced }

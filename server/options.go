@@ -1,0 +1,183 @@
+package server
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// DefaultCipherSuites are the TLS 1.2 suites offered by default: ECDHE key
+// exchange with an AEAD cipher only. TLS 1.3 suites are not configurable in
+// Go and are always offered.
+var DefaultCipherSuites = []string{
+	"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+	"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+	"TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+	"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+	"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+	"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+}
+
+// Options are the secure-serving settings of an evercert server. Flag names
+// and syntax follow kube-apiserver's. The zero value is not usable; start
+// from NewOptions.
+type Options struct {
+	// BindAddress is the IP to listen on. Flag --bind-address, default 127.0.0.1.
+	BindAddress net.IP
+	// SecurePort is the port to listen on; 0 picks a free one. Flag
+	// --secure-port, default 8443.
+	SecurePort int
+
+	// CertFile and KeyFile are the default serving certificate and key,
+	// reloaded when they change. Flags --tls-cert-file, --tls-private-key-file.
+	CertFile, KeyFile string
+	// SNICertKeys are extra certificates selected by SNI. Flag
+	// --tls-sni-cert-key cert,key[:name1,name2], repeatable.
+	SNICertKeys []cliflag.NamedCertKey
+	// ClientCAFile, when set, makes the server verify client certificates
+	// signed by these CAs. Flag --client-ca-file.
+	ClientCAFile string
+	// MinTLSVersion is a crypto/tls version name. Flag --tls-min-version,
+	// default VersionTLS12.
+	MinTLSVersion string
+	// CipherSuites for TLS 1.2, by name. Flag --tls-cipher-suites, default
+	// DefaultCipherSuites.
+	CipherSuites []string
+
+	// SelfSignedHosts are the names of the embedded self-signed default,
+	// used when no certificate flag is given. Flag --self-signed-hosts,
+	// default localhost,127.0.0.1,::1.
+	SelfSignedHosts []string
+	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
+	// --self-signed-validity, default 720h.
+	SelfSignedValidity time.Duration
+	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
+	// Flag --self-signed-renew-before, default a third of the validity.
+	SelfSignedRenewBefore time.Duration
+	// CABundleFile, when set, receives the current trust bundle for clients
+	// (0644, written atomically, rewritten at every rotation). Flag
+	// --ca-bundle-file.
+	CABundleFile string
+
+	// ResyncInterval is how often file sources are re-read even without a
+	// change event. Not a flag; default one minute.
+	ResyncInterval time.Duration
+	// Clock drives rotation and validity checks. Not a flag; default the
+	// real clock. Tests inject a fake one.
+	Clock clock.WithTicker
+	// ShutdownTimeout bounds how long in-flight requests may take to finish
+	// once the server is asked to stop. Not a flag; default 10s.
+	ShutdownTimeout time.Duration
+}
+
+// NewOptions returns Options with every default filled in.
+func NewOptions() *Options {
+	return &Options{
+		BindAddress:        net.ParseIP("127.0.0.1"),
+		SecurePort:         8443,
+		MinTLSVersion:      "VersionTLS12",
+		CipherSuites:       append([]string(nil), DefaultCipherSuites...),
+		SelfSignedHosts:    append([]string(nil), dynamiccert.DefaultSelfSignedHosts...),
+		SelfSignedValidity: dynamiccert.DefaultSelfSignedLifetime,
+		ResyncInterval:     time.Minute,
+		Clock:              clock.RealClock{},
+		ShutdownTimeout:    10 * time.Second,
+	}
+}
+
+// AddFlags registers the options' flags on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.IPVar(&o.BindAddress, "bind-address", o.BindAddress, "The IP address on which to listen for --secure-port.")
+	fs.IntVar(&o.SecurePort, "secure-port", o.SecurePort, "The port on which to serve HTTPS. 0 picks a free port; the log line 'serving on https://HOST:PORT' says which.")
+	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "File containing the default x509 certificate (and intermediates) for HTTPS. Reloaded when it changes. Without any certificate flag the server serves an in-memory self-signed certificate.")
+	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "File containing the default x509 private key matching --tls-cert-file.")
+	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate and private key file paths, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice. Repeatable.")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "If set, client certificates signed by one of these CAs are verified (presenting one is optional). Reloaded when it changes.")
+	fs.StringVar(&o.MinTLSVersion, "tls-min-version", o.MinTLSVersion, "Minimum TLS version supported. Possible values: "+strings.Join(cliflag.TLSPossibleVersions(), ", "))
+	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of cipher suites for TLS 1.2. Possible values: "+strings.Join(cliflag.TLSCipherPossibleValues(), ", "))
+	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
+	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
+	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
+	fs.StringVar(&o.CABundleFile, "ca-bundle-file", o.CABundleFile, "If set, the CA bundle clients should trust is written here (0644, atomically) and rewritten at every rotation.")
+}
+
+// Validate checks every option and returns one error per bad value, each
+// naming its flag.
+func (o *Options) Validate() []error {
+	var errs []error
+	if o.BindAddress == nil {
+		errs = append(errs, errors.New("--bind-address: must be an IP address"))
+	}
+	if o.SecurePort < 0 || o.SecurePort > 65535 {
+		errs = append(errs, fmt.Errorf("--secure-port: %d must be between 0 and 65535", o.SecurePort))
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file: both or neither must be set"))
+	}
+	for i, nck := range o.SNICertKeys {
+		if nck.CertFile == "" || nck.KeyFile == "" {
+			errs = append(errs, fmt.Errorf("--tls-sni-cert-key[%d]: both a certificate and a key file are required", i))
+		}
+	}
+	if _, err := cliflag.TLSVersion(o.MinTLSVersion); err != nil {
+		errs = append(errs, fmt.Errorf("--tls-min-version: %w", err))
+	}
+	if suites, err := cliflag.TLSCipherSuites(o.CipherSuites); err != nil {
+		errs = append(errs, fmt.Errorf("--tls-cipher-suites: %w", err))
+	} else if insecure := insecureSuites(suites); len(insecure) > 0 {
+		errs = append(errs, fmt.Errorf("--tls-cipher-suites: insecure suites are not allowed: %s", strings.Join(insecure, ", ")))
+	}
+	if o.usesSelfSigned() {
+		if len(o.SelfSignedHosts) == 0 {
+			errs = append(errs, errors.New("--self-signed-hosts: at least one name is required"))
+		}
+		if o.SelfSignedValidity <= 0 {
+			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be positive", o.SelfSignedValidity))
+		} else if o.SelfSignedRenewBefore < 0 || o.SelfSignedRenewBefore >= o.SelfSignedValidity {
+			errs = append(errs, fmt.Errorf("--self-signed-renew-before: %v must be between 0 and --self-signed-validity (%v)", o.SelfSignedRenewBefore, o.SelfSignedValidity))
+		}
+	}
+	if o.CABundleFile != "" && !o.usesSelfSigned() {
+		errs = append(errs, errors.New("--ca-bundle-file: the serving certificate has no CA evercert knows; use it with the self-signed default"))
+	}
+	return errs
+}
+
+// usesSelfSigned reports whether no certificate source was given, so the
+// embedded self-signed default serves.
+func (o *Options) usesSelfSigned() bool {
+	return o.CertFile == "" && len(o.SNICertKeys) == 0
+}
+
+func insecureSuites(ids []uint16) []string {
+	var bad []string
+	for _, id := range ids {
+		for _, s := range tls.InsecureCipherSuites() {
+			if s.ID == id {
+				bad = append(bad, s.Name)
+			}
+		}
+	}
+	return bad
+}
+
+func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
+	return dynamiccert.SelfSignedConfig{
+		Name:        "self-signed",
+		Hosts:       o.SelfSignedHosts,
+		KeyType:     pki.ECDSAP256,
+		Lifetime:    o.SelfSignedValidity,
+		RenewBefore: o.SelfSignedRenewBefore,
+		Clock:       o.Clock,
+	}
+}

@@ -1,0 +1,323 @@
+package sni
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+)
+
+// ErrNotReady is returned by GetConfigForClient, and so fails the
+// handshake, until the controller has built its first snapshot (RunOnce or
+// Run succeeded once).
+var ErrNotReady = errors.New("sni: serving certificates are not loaded yet")
+
+// workItemKey is the only key ever queued: every notification means
+// "re-read the providers", so the queue coalesces them into one sync.
+const workItemKey = "sync"
+
+// DynamicServingCertificateController keeps a TLS server's certificates in
+// step with its providers; see the package documentation for the data flow
+// and the selection rules.
+//
+// All methods are safe for concurrent use. GetConfigForClient and the
+// GetCertificate of the config it returns never block, and do not allocate
+// (GetCertificate allocates only to lower-case an SNI name that has
+// upper-case letters, which clients rarely send).
+type DynamicServingCertificateController struct {
+	opts options
+
+	// base is a private clone of the caller's config, never used for a
+	// handshake and never modified, from which each snapshot's config is
+	// cloned.
+	base       *tls.Config
+	clientAuth tls.ClientAuthType
+
+	// current is nil until the first successful sync.
+	current atomic.Pointer[snapshot]
+
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	// syncMu serialises syncs: the slots are a single-writer cache.
+	syncMu   sync.Mutex
+	serving  *certSlot   // guarded by syncMu; nil without a serving provider
+	sniSlots []*certSlot // guarded by syncMu
+	clientCA *caSlot     // guarded by syncMu; nil without a client CA provider
+
+	listenersMu sync.Mutex
+	listeners   []dynamiccertificates.Listener
+
+	// onParse, when set (by tests, before the first sync), is called with the
+	// provider name before each parse of new content.
+	onParse func(provider string)
+}
+
+var _ dynamiccertificates.Listener = &DynamicServingCertificateController{}
+var _ dynamiccertificates.Notifier = &DynamicServingCertificateController{}
+
+// NewDynamicServingCertificateController returns a controller serving the
+// certificates of serving and sniCerts, verifying client certificates
+// against clientCA.
+//
+// base is the static part of every served config; it is cloned, so later
+// changes to it have no effect. A nil base means a config with MinVersion
+// TLS 1.2 and nothing else. clientCA and serving may be nil, and nil entries
+// in sniCerts are skipped. Providers may be evercert's or upstream's.
+//
+// The controller registers itself as a listener on every provider here,
+// once; it does not run the providers, which is their owner's job. Nothing
+// is loaded until RunOnce or Run.
+func NewDynamicServingCertificateController(
+	base *tls.Config,
+	clientCA dynamiccertificates.CAContentProvider,
+	serving dynamiccertificates.CertKeyContentProvider,
+	sniCerts []dynamiccertificates.SNICertKeyContentProvider,
+	opts ...Option,
+) *DynamicServingCertificateController {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if base == nil {
+		base = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	c := &DynamicServingCertificateController{
+		opts: o,
+		base: base.Clone(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: o.name},
+		),
+	}
+
+	switch {
+	case o.clientAuthSet:
+		c.clientAuth = o.clientAuth
+	case base.ClientAuth != tls.NoClientCert:
+		c.clientAuth = base.ClientAuth
+	case clientCA != nil:
+		c.clientAuth = tls.VerifyClientCertIfGiven
+	default:
+		c.clientAuth = tls.NoClientCert
+	}
+
+	if clientCA != nil {
+		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name()}
+		clientCA.AddListener(c)
+	}
+	if serving != nil {
+		c.serving = &certSlot{provider: serving, role: RoleServing, name: serving.Name()}
+		serving.AddListener(c)
+	}
+	for _, p := range sniCerts {
+		if p == nil {
+			continue
+		}
+		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name()})
+		p.AddListener(c)
+	}
+	return c
+}
+
+// GetConfigForClient implements tls.Config.GetConfigForClient. It returns
+// the current snapshot's prepared config, shared by all handshakes: callers
+// must not modify it. Before the first successful sync it returns
+// (nil, ErrNotReady). It does not allocate.
+func (c *DynamicServingCertificateController) GetConfigForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	s := c.current.Load()
+	if s == nil {
+		return nil, ErrNotReady
+	}
+	return s.config, nil
+}
+
+// TLSConfig returns a new clone of base with GetConfigForClient set to
+// c.GetConfigForClient, for http.Server.TLSConfig or tls.NewListener. Each
+// call returns a separate config the caller owns.
+//
+// Session tickets: unless base sets ticket keys explicitly, crypto/tls
+// encrypts tickets with the automatic keys of the config returned here (the
+// one the listener uses), not those of the per-snapshot configs, so
+// resumption keeps working across snapshot swaps. Tickets are not shared
+// between two configs returned by separate calls.
+func (c *DynamicServingCertificateController) TLSConfig() *tls.Config {
+	cfg := c.base.Clone()
+	cfg.GetConfigForClient = c.GetConfigForClient
+	return cfg
+}
+
+// RunOnce reads every provider once and installs a snapshot if anything
+// changed, priming the controller before serving. It returns an error only
+// if no certificate at all could be loaded (or ctx is done); a provider with
+// bad content is logged, counted in evercert_certificate_load_errors_total
+// and left out (or kept at its last good certificate), and the others are
+// served. It may be called concurrently with Run; syncs are serialised.
+func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := c.sync()
+	return err
+}
+
+// Run syncs once if RunOnce has not succeeded yet, then processes
+// notifications until ctx is done, and returns after its goroutines have
+// stopped. It also re-reads the providers every resync interval (see
+// WithResyncInterval). Only one worker ever runs, whatever workers says:
+// a sync covers all providers, so more workers could not do more work.
+// Run must be called at most once; it shuts the work queue down on return.
+func (c *DynamicServingCertificateController) Run(ctx context.Context, workers int) {
+	defer utilruntime.HandleCrashWithContext(ctx)
+
+	klog.InfoS("Starting controller", "controller", c.opts.name)
+	defer klog.InfoS("Shutting down controller", "controller", c.opts.name)
+
+	if !c.HasSynced() {
+		if err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Initial certificate sync failed; retrying", "controller", c.opts.name)
+			c.queue.AddRateLimited(workItemKey)
+		}
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		wait.UntilWithContext(ctx, func(context.Context) {
+			for c.processNextWorkItem() {
+			}
+		}, time.Second)
+	})
+	if c.opts.resync > 0 {
+		wg.Go(func() {
+			wait.UntilWithContext(ctx, func(context.Context) { c.Enqueue() }, c.opts.resync)
+		})
+	}
+
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+}
+
+func (c *DynamicServingCertificateController) processNextWorkItem() bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+
+	retry, err := c.sync()
+	if err != nil {
+		klog.ErrorS(err, "Certificate sync failed; retrying", "controller", c.opts.name)
+	}
+	if err != nil || retry {
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+// Enqueue implements dynamiccertificates.Listener: it asks for a re-read of
+// all providers. It never blocks; calls made before a pending sync starts
+// are merged into it. Calls after Run returned are ignored.
+func (c *DynamicServingCertificateController) Enqueue() {
+	c.queue.Add(workItemKey)
+}
+
+// HasSynced reports whether a snapshot has been installed, that is whether
+// handshakes can succeed.
+func (c *DynamicServingCertificateController) HasSynced() bool {
+	return c.current.Load() != nil
+}
+
+// AddListener implements dynamiccertificates.Notifier: l.Enqueue is called
+// after each successful snapshot swap (not for swaps that happened before
+// l was added). Listeners are called from the sync goroutine and must not
+// block.
+func (c *DynamicServingCertificateController) AddListener(l dynamiccertificates.Listener) {
+	c.listenersMu.Lock()
+	defer c.listenersMu.Unlock()
+	c.listeners = append(c.listeners, l)
+}
+
+// Served describes what the current snapshot serves: the serving
+// certificate, then the SNI certificates in provider order (providers that
+// never had valid content are absent), then the client CA certificates. It
+// returns a fresh copy, nil before the first sync.
+func (c *DynamicServingCertificateController) Served() []ServedCertificate {
+	s := c.current.Load()
+	if s == nil {
+		return nil
+	}
+	return s.servedCopy()
+}
+
+// sync refreshes the parse cache from every provider and, when anything the
+// snapshot depends on changed (or there is no snapshot yet), builds and
+// swaps in a new snapshot and notifies the listeners. retry is true when a
+// provider's content may become valid with time alone. err is non-nil only
+// when no snapshot could be built.
+func (c *DynamicServingCertificateController) sync() (retry bool, err error) {
+	c.syncMu.Lock()
+	swapped, retry, err := c.syncLocked()
+	c.syncMu.Unlock()
+
+	if swapped {
+		c.listenersMu.Lock()
+		listeners := c.listeners
+		c.listenersMu.Unlock()
+		for _, l := range listeners {
+			l.Enqueue()
+		}
+	}
+	return retry, err
+}
+
+func (c *DynamicServingCertificateController) syncLocked() (swapped, retry bool, err error) {
+	now := c.opts.clock.Now()
+	changed := false
+	var errs []error
+	apply := func(res refreshResult) {
+		changed = changed || res.changed
+		retry = retry || res.retry
+		if res.err != nil {
+			errs = append(errs, res.err)
+		}
+	}
+	if c.clientCA != nil {
+		apply(c.clientCA.refresh(c))
+	}
+	if c.serving != nil {
+		apply(c.serving.refresh(c, now))
+	}
+	for _, slot := range c.sniSlots {
+		apply(slot.refresh(c, now))
+	}
+
+	if !changed && c.current.Load() != nil {
+		return false, retry, nil
+	}
+	s, err := buildSnapshot(snapshotInput{
+		base:       c.base,
+		clientAuth: c.clientAuth,
+		serving:    c.serving,
+		sni:        c.sniSlots,
+		clientCA:   c.clientCA,
+	})
+	if err != nil {
+		if len(errs) > 0 {
+			err = fmt.Errorf("%w: %w", err, errors.Join(errs...))
+		}
+		return false, retry, fmt.Errorf("%s: %w", c.opts.name, err)
+	}
+	c.current.Store(s)
+	return true, retry, nil
+}

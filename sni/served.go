@@ -1,0 +1,66 @@
+package sni
+
+import (
+	"crypto/x509"
+	"slices"
+	"time"
+)
+
+// Roles reported in ServedCertificate.Role.
+const (
+	// RoleServing is the serving (default) certificate provider.
+	RoleServing = "serving"
+	// RoleSNI is an SNI certificate provider.
+	RoleSNI = "sni"
+	// RoleClientCA is one CA certificate of the client CA bundle.
+	RoleClientCA = "client-ca"
+)
+
+// ServedCertificate describes one certificate in the current snapshot, for
+// status pages and health checks. Values returned by Served are copies; they
+// can be kept and modified freely.
+type ServedCertificate struct {
+	// Provider is the provider's Name().
+	Provider string
+	// Role is RoleServing, RoleSNI or RoleClientCA.
+	Role string
+	// Subject is the certificate's subject common name.
+	Subject string
+	// Names are the SNI names (and explicit IPs) this certificate is selected
+	// for, in the order the provider claimed them. Names won by an earlier
+	// provider are not listed. Empty for the serving certificate (unless it
+	// is also given as an SNI provider) and for client CAs.
+	Names []string
+	// Serial is the serial number in lower-case hexadecimal.
+	Serial string
+	// NotBefore and NotAfter are the certificate's validity bounds.
+	NotBefore time.Time
+	NotAfter  time.Time
+	// IsDefault is true for the certificate served when no name matches.
+	IsDefault bool
+}
+
+func describe(provider, role string, cert *x509.Certificate) ServedCertificate {
+	return ServedCertificate{
+		Provider:  provider,
+		Role:      role,
+		Subject:   cert.Subject.CommonName,
+		Serial:    cert.SerialNumber.Text(16),
+		NotBefore: cert.NotBefore,
+		NotAfter:  cert.NotAfter,
+	}
+}
+
+// servedCopy expands the snapshot's compact description into a fresh
+// slice the caller owns; the snapshot is shared with concurrent readers and
+// must not be reachable from it.
+func (s *snapshot) servedCopy() []ServedCertificate {
+	out := make([]ServedCertificate, 0, len(s.served)+len(s.clientCAs))
+	for i, e := range s.served {
+		d := *e.desc
+		d.Names = slices.Clone(e.names)
+		d.IsDefault = i == s.defaultIndex
+		out = append(out, d)
+	}
+	return append(out, s.clientCAs...)
+}
