@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/klog/v2"
 
@@ -63,6 +65,31 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		}
 		s.Serving = p
 		s.runners = append(s.runners, p)
+	case o.TLSSecret != "" || o.CASecret != "":
+		client, err := o.kubeClient()
+		if err != nil {
+			return nil, err
+		}
+		if o.TLSSecret != "" {
+			ns, name, _ := splitNamespacedName(o.TLSSecret)
+			p, err := dynamiccert.NewSecretCertKey(dynamiccert.SecretConfig{Name: "tls-secret", Namespace: ns, SecretName: name, Client: client, Clock: o.Clock})
+			if err != nil {
+				return nil, fmt.Errorf("--tls-secret: %w", err)
+			}
+			s.Serving = p
+			s.runners = append(s.runners, p)
+			break
+		}
+		ns, name, _ := splitNamespacedName(o.CASecret)
+		p, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
+			Hosts: o.SelfSignedHosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore, Clock: o.Clock,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--ca-secret: %w", err)
+		}
+		s.Serving, s.TrustBundle = p, p
+		s.runners = append(s.runners, p)
 	case len(o.SNICertKeys) == 0:
 		p, err := dynamiccert.NewSelfSigned(o.selfSignedConfig())
 		if err != nil {
@@ -105,6 +132,20 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 	}
 	s.Controller = sni.NewDynamicServingCertificateController(base, s.ClientCA, s.Serving, s.SNI, sni.WithClock(o.Clock))
 	return s, nil
+}
+
+// kubeClient builds the client for Secret sources from --kubeconfig, or
+// from the in-cluster config when it is empty.
+func (o *Options) kubeClient() (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	return client, nil
 }
 
 // baseTLSConfig is the template every served tls.Config is cloned from:

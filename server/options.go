@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +70,17 @@ type Options struct {
 	// --ca-bundle-file.
 	CABundleFile string
 
+	// TLSSecret ("namespace/name") serves the default certificate from a
+	// Secret's tls.crt and tls.key, followed by a watch. Flag --tls-secret.
+	TLSSecret string
+	// CASecret ("namespace/name") keeps a CA in a Secret, shared by every
+	// replica, and serves a leaf for SelfSignedHosts signed by it (lifetime
+	// SelfSignedValidity). Flag --ca-secret.
+	CASecret string
+	// Kubeconfig is the kubeconfig file for --tls-secret and --ca-secret;
+	// empty means the in-cluster config. Flag --kubeconfig.
+	Kubeconfig string
+
 	// ResyncInterval is how often file sources are re-read even without a
 	// change event. Not a flag; default one minute.
 	ResyncInterval time.Duration
@@ -109,6 +121,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
 	fs.StringVar(&o.CABundleFile, "ca-bundle-file", o.CABundleFile, "If set, the CA bundle clients should trust is written here (0644, atomically) and rewritten at every rotation.")
+	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "namespace/name of a Secret whose tls.crt and tls.key are the default certificate, followed by a watch (RBAC: get, list, watch on that Secret).")
+	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "namespace/name of a Secret that holds a CA shared by every replica (created if missing); each replica serves its own leaf for --self-signed-hosts signed by it.")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file for --tls-secret and --ca-secret; empty means the in-cluster config.")
 }
 
 // Validate checks every option and returns one error per bad value, each
@@ -124,6 +139,27 @@ func (o *Options) Validate() []error {
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file: both or neither must be set"))
 	}
+	var defaults []string
+	for flag, v := range map[string]string{"--tls-cert-file": o.CertFile, "--tls-secret": o.TLSSecret, "--ca-secret": o.CASecret} {
+		if v != "" {
+			defaults = append(defaults, flag)
+		}
+	}
+	if len(defaults) > 1 {
+		slices.Sort(defaults)
+		errs = append(errs, fmt.Errorf("%s: only one source of the default certificate may be given", strings.Join(defaults, ", ")))
+	}
+	for flag, v := range map[string]string{"--tls-secret": o.TLSSecret, "--ca-secret": o.CASecret} {
+		if v == "" {
+			continue
+		}
+		if _, _, err := splitNamespacedName(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
+		}
+	}
+	if o.Kubeconfig != "" && o.TLSSecret == "" && o.CASecret == "" {
+		errs = append(errs, errors.New("--kubeconfig: only used with --tls-secret or --ca-secret"))
+	}
 	for i, nck := range o.SNICertKeys {
 		if nck.CertFile == "" || nck.KeyFile == "" {
 			errs = append(errs, fmt.Errorf("--tls-sni-cert-key[%d]: both a certificate and a key file are required", i))
@@ -137,7 +173,7 @@ func (o *Options) Validate() []error {
 	} else if insecure := insecureSuites(suites); len(insecure) > 0 {
 		errs = append(errs, fmt.Errorf("--tls-cipher-suites: insecure suites are not allowed: %s", strings.Join(insecure, ", ")))
 	}
-	if o.usesSelfSigned() {
+	if o.usesSelfSigned() || o.CASecret != "" {
 		if len(o.SelfSignedHosts) == 0 {
 			errs = append(errs, errors.New("--self-signed-hosts: at least one name is required"))
 		}
@@ -147,8 +183,8 @@ func (o *Options) Validate() []error {
 			errs = append(errs, fmt.Errorf("--self-signed-renew-before: %v must be between 0 and --self-signed-validity (%v)", o.SelfSignedRenewBefore, o.SelfSignedValidity))
 		}
 	}
-	if o.CABundleFile != "" && !o.usesSelfSigned() {
-		errs = append(errs, errors.New("--ca-bundle-file: the serving certificate has no CA evercert knows; use it with the self-signed default"))
+	if o.CABundleFile != "" && !o.usesSelfSigned() && o.CASecret == "" {
+		errs = append(errs, errors.New("--ca-bundle-file: the serving certificate has no CA evercert knows; use it with the self-signed default or --ca-secret"))
 	}
 	return errs
 }
@@ -156,7 +192,15 @@ func (o *Options) Validate() []error {
 // usesSelfSigned reports whether no certificate source was given, so the
 // embedded self-signed default serves.
 func (o *Options) usesSelfSigned() bool {
-	return o.CertFile == "" && len(o.SNICertKeys) == 0
+	return o.CertFile == "" && o.TLSSecret == "" && o.CASecret == "" && len(o.SNICertKeys) == 0
+}
+
+func splitNamespacedName(v string) (string, string, error) {
+	ns, name, ok := strings.Cut(v, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("%q must be namespace/name", v)
+	}
+	return ns, name, nil
 }
 
 func insecureSuites(ids []uint16) []string {

@@ -77,3 +77,20 @@ func Pool(t testing.TB, bundle []byte) *x509.CertPool {
 	}
 	return pool
 }
+
+// Dial completes a TLS handshake with any TLS server at addr (an HTTP server,
+// say, that sends nothing first) and returns the leaf it presented. Unlike
+// Handshake it cannot see a TLS 1.3 server's late rejection of a client
+// certificate.
+func Dial(addr string, config *tls.Config) (*x509.Certificate, error) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, config)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	certs := conn.ConnectionState().PeerCertificates
+	if len(certs) == 0 {
+		return nil, errors.New("server presented no certificate")
+	}
+	return certs[0], nil
+}

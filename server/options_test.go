@@ -1,0 +1,94 @@
+package server
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func parse(t *testing.T, args ...string) (*Options, error) {
+	t.Helper()
+	o := NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	return o, errors.Join(o.Validate()...)
+}
+
+func TestDefaultsValidate(t *testing.T) {
+	o, err := parse(t)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", o.BindAddress.String())
+	assert.Equal(t, 8443, o.SecurePort)
+	assert.True(t, o.usesSelfSigned(), "no certificate flag: the embedded self-signed default")
+	assert.Equal(t, []string{"localhost", "127.0.0.1", "::1"}, o.SelfSignedHosts)
+}
+
+func TestFlagParsing(t *testing.T) {
+	o, err := parse(t,
+		"--bind-address=::1", "--secure-port=0",
+		"--tls-cert-file=a.crt", "--tls-private-key-file=a.key",
+		"--tls-sni-cert-key=b.crt,b.key", "--tls-sni-cert-key=c.crt,c.key:*.c.test,c.test",
+		"--client-ca-file=ca.crt", "--tls-min-version=VersionTLS13",
+		"--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+	)
+	require.NoError(t, err)
+	assert.Equal(t, "::1", o.BindAddress.String())
+	assert.Zero(t, o.SecurePort)
+	require.Len(t, o.SNICertKeys, 2)
+	assert.Equal(t, "b.crt", o.SNICertKeys[0].CertFile)
+	assert.Empty(t, o.SNICertKeys[0].Names)
+	assert.Equal(t, []string{"*.c.test", "c.test"}, o.SNICertKeys[1].Names)
+	assert.False(t, o.usesSelfSigned())
+
+	o, err = parse(t, "--ca-secret=ns/ca", "--kubeconfig=kc", "--ca-bundle-file=b.pem", "--self-signed-validity=10s")
+	require.NoError(t, err)
+	assert.Equal(t, "ns/ca", o.CASecret)
+}
+
+// TestBadFlagValues checks that every bad value is rejected with a message
+// naming its flag.
+func TestBadFlagValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--bind-address=nope"}, "--bind-address"},
+		{[]string{"--secure-port=70000"}, "--secure-port"},
+		{[]string{"--secure-port=-1"}, "--secure-port"},
+		{[]string{"--tls-cert-file=a.crt"}, "--tls-private-key-file"},
+		{[]string{"--tls-private-key-file=a.key"}, "--tls-cert-file"},
+		{[]string{"--tls-sni-cert-key=a.crt"}, "--tls-sni-cert-key"},
+		{[]string{"--tls-min-version=VersionSSL30"}, "--tls-min-version"},
+		{[]string{"--tls-cipher-suites=TLS_FAKE"}, "--tls-cipher-suites"},
+		{[]string{"--tls-cipher-suites=TLS_RSA_WITH_RC4_128_SHA"}, "--tls-cipher-suites"},
+		{[]string{"--self-signed-hosts="}, "--self-signed-hosts"},
+		{[]string{"--self-signed-validity=0s"}, "--self-signed-validity"},
+		{[]string{"--self-signed-validity=1h", "--self-signed-renew-before=2h"}, "--self-signed-renew-before"},
+		{[]string{"--self-signed-validity=bogus"}, "--self-signed-validity"},
+		{[]string{"--tls-cert-file=a", "--tls-private-key-file=b", "--ca-bundle-file=x"}, "--ca-bundle-file"},
+		{[]string{"--tls-secret=noslash"}, "--tls-secret"},
+		{[]string{"--ca-secret=ns/"}, "--ca-secret"},
+		{[]string{"--tls-secret=a/b", "--ca-secret=a/c"}, "--ca-secret, --tls-secret"},
+		{[]string{"--kubeconfig=kc"}, "--kubeconfig"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parse(t, tc.args...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.flag)
+		})
+	}
+}
+
+func TestBuildErrorsNameTheFlag(t *testing.T) {
+	o, err := parse(t, "--tls-secret=ns/name", "--kubeconfig=/nonexistent/kubeconfig")
+	require.NoError(t, err)
+	_, err = o.Build()
+	require.ErrorContains(t, err, "--kubeconfig")
+}
