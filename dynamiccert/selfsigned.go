@@ -302,7 +302,8 @@ func (s *SelfSigned) request(cn string, lifetime time.Duration, now time.Time) p
 // rotateLocked implements the rotation schedule:
 //
 //   - with no usable signing CA (first run, expired, or the clock went back
-//     before its NotBefore) a new CA is made and signs at once;
+//     before its NotBefore) a published successor signs at once if it is
+//     valid, else a new CA is made and signs at once;
 //   - a successor CA is made CARenewBefore ahead of the signing CA's expiry
 //     and joins the bundle;
 //   - it starts signing PropagationDelay later, or at once when the signing
@@ -313,7 +314,13 @@ func (s *SelfSigned) request(cn string, lifetime time.Duration, now time.Time) p
 //   - expired CAs leave the bundle.
 func (s *SelfSigned) rotateLocked(now time.Time) (bool, error) {
 	changed := false
-	if s.signing == nil || !now.Before(s.signing.Cert.NotAfter) || now.Before(s.signing.Cert.NotBefore) {
+	if s.signing != nil && !validAt(s.signing, now) && s.next != nil && validAt(s.next, now) {
+		// The machine slept through the propagation delay: the successor
+		// is already in every refreshed bundle, so it signs now rather than
+		// an unknown new CA.
+		s.signing, s.next, changed = s.next, nil, true
+	}
+	if s.signing == nil || !validAt(s.signing, now) {
 		ca, err := pki.NewCA(s.request(s.cfg.Name+"-ca", s.cfg.CALifetime, now))
 		if err != nil {
 			return false, fmt.Errorf("making CA: %w", err)
@@ -378,6 +385,11 @@ func (s *SelfSigned) nextDeadlineLocked() time.Time {
 		next = earliest(next, ca.Cert.NotAfter)
 	}
 	return next
+}
+
+// validAt reports whether now is within c's validity period.
+func validAt(c *pki.Issued, now time.Time) bool {
+	return !now.Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 }
 
 func earliest(a, b time.Time) time.Time {

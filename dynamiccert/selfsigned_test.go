@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,10 +18,6 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
 )
-
-type countingListener struct{ n atomic.Int64 }
-
-func (c *countingListener) Enqueue() { c.n.Add(1) }
 
 // servingConfig serves whatever p currently holds, parsing it on every
 // handshake: the simplest correct server, so these tests exercise the
@@ -227,4 +222,27 @@ func BenchmarkSelfSignedGenerate(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestSelfSignedSleepsThroughPropagation checks that when the machine wakes
+// up after the signing CA expired but while its published successor is
+// valid, the successor signs: a client holding the bundle from before the
+// sleep still verifies the new leaf.
+func TestSelfSignedSleepsThroughPropagation(t *testing.T) {
+	const lifetime = time.Hour
+	clk := clienttesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	s, err := NewSelfSigned(SelfSignedConfig{Lifetime: lifetime, Clock: clk})
+	require.NoError(t, err)
+	caEnd := mustParseBundle(t, s.CurrentCABundleContent())[0].NotAfter
+	// Enter the CA renew window (CARenewBefore = lifetime): the successor is
+	// published.
+	clk.SetTime(caEnd.Add(-lifetime + time.Minute))
+	require.NoError(t, s.RunOnce(context.Background()))
+	bundle := s.CurrentCABundleContent()
+	require.Len(t, mustParseBundle(t, bundle), 2)
+	// Sleep past the old CA's expiry.
+	clk.SetTime(caEnd.Add(time.Minute))
+	require.NoError(t, s.RunOnce(context.Background()))
+	_, err = s.Leaf().Verify(x509.VerifyOptions{Roots: tlstest.Pool(t, bundle), DNSName: "localhost", CurrentTime: clk.Now()})
+	require.NoError(t, err, "the published successor signs after the sleep")
 }

@@ -1,0 +1,177 @@
+package dynamiccert
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// FileCertKeyConfig configures a FileCertKey.
+type FileCertKeyConfig struct {
+	// Name identifies the provider in logs and metrics. Default
+	// "file:<CertFile>".
+	Name string
+	// CertFile and KeyFile are the PEM certificate chain and private key.
+	// They must be different files. Neither has to exist when the provider
+	// is created.
+	CertFile, KeyFile string
+	// SNINames are explicit names to serve the certificate for, returned by
+	// SNINames. Nil means the names come from the certificate.
+	SNINames []string
+	// ResyncInterval is how often the files are re-read even without a
+	// filesystem event: a safety net for missed events and for filesystems
+	// (NFS, FUSE) that send none. Default DefaultFileResyncInterval.
+	ResyncInterval time.Duration
+	// Clock drives the resync ticker and the validity check (NotBefore,
+	// NotAfter) of loaded certificates. Default clock.RealClock{}.
+	Clock clock.WithTicker
+}
+
+// FileCertKey serves a certificate and key read from two files, and reloads
+// them when they change. It watches the files' parent directories, so it
+// follows in-place rewrites, rename-over, delete-then-create and the
+// kubelet's ..data symlink swap alike, and it re-reads them every
+// ResyncInterval as well.
+//
+// New content replaces the served content only if it parses, the key
+// matches, the leaf is valid now and usable for server auth. Otherwise the
+// last good pair keeps being served, the error is counted in
+// evercert_certificate_load_errors_total and logged once per distinct error.
+// A half-written pair (new certificate, old key) is therefore rejected, and
+// taken as soon as the matching key arrives. Content whose bytes did not
+// change is not parsed again: nothing is logged or notified, and a served
+// certificate that expires keeps being served (there is nothing better; the
+// expiration metric shows it). Files are read up to pki.MaxPEMSize+1 bytes,
+// and anything but a regular file (a directory, a FIFO) is refused without
+// blocking.
+//
+// Events are coalesced for a few tens of milliseconds (real time) before the
+// files are read; a directory that does not exist yet, or was deleted, is
+// watched again as soon as it (re)appears, checked with a short real-time
+// backoff and on every resync tick.
+//
+// FileCertKey implements dynamiccertificates.CertKeyContentProvider,
+// SNICertKeyContentProvider, Notifier and ControllerRunner. It is safe for
+// concurrent use.
+type FileCertKey struct {
+	listeners
+	src               *fileSource
+	certFile, keyFile string
+	sniNames          []string
+
+	cur atomic.Pointer[certKeyContent]
+}
+
+type certKeyContent struct {
+	cert, key []byte
+	pair      *pki.KeyPair
+}
+
+var (
+	_ dynamiccertificates.CertKeyContentProvider    = &FileCertKey{}
+	_ dynamiccertificates.SNICertKeyContentProvider = &FileCertKey{}
+	_ dynamiccertificates.Notifier                  = &FileCertKey{}
+	_ dynamiccertificates.ControllerRunner          = &FileCertKey{}
+)
+
+// NewFileCertKey validates cfg and returns a provider that has no content
+// yet. Call RunOnce to load the files now, and Run to keep them loaded.
+func NewFileCertKey(cfg FileCertKeyConfig) (*FileCertKey, error) {
+	switch {
+	case cfg.CertFile == "":
+		return nil, errors.New("file certificate provider: missing certificate file")
+	case cfg.KeyFile == "":
+		return nil, errors.New("file certificate provider: missing key file")
+	case cfg.CertFile == cfg.KeyFile:
+		return nil, fmt.Errorf("file certificate provider: certificate and key must be separate files, both are %s", cfg.CertFile)
+	}
+	name := cfg.Name
+	if name == "" {
+		name = "file:" + cfg.CertFile
+	}
+	src, err := newFileSource(name, cfg.ResyncInterval, cfg.Clock, cfg.CertFile, cfg.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	return &FileCertKey{
+		src:      src,
+		certFile: cfg.CertFile,
+		keyFile:  cfg.KeyFile,
+		sniNames: slices.Clone(cfg.SNINames),
+	}, nil
+}
+
+// Name returns the provider's name.
+func (p *FileCertKey) Name() string { return p.src.name }
+
+// CurrentCertKeyContent returns the PEM certificate and key last loaded
+// successfully, or nil, nil before the first successful load.
+func (p *FileCertKey) CurrentCertKeyContent() ([]byte, []byte) {
+	c := p.cur.Load()
+	if c == nil {
+		return nil, nil
+	}
+	return c.cert, c.key
+}
+
+// SNINames returns the explicit SNI names from the config, or nil when the
+// names are to be taken from the certificate.
+func (p *FileCertKey) SNINames() []string { return p.sniNames }
+
+// Current returns the parsed pair last loaded successfully, or nil before
+// the first successful load. It must not be modified.
+func (p *FileCertKey) Current() *pki.KeyPair {
+	c := p.cur.Load()
+	if c == nil {
+		return nil
+	}
+	return c.pair
+}
+
+// LastError returns the error of the last load, or nil if it succeeded.
+func (p *FileCertKey) LastError() error { return p.src.report.lastError() }
+
+// RunOnce loads the files once, synchronously. It returns the load error,
+// which names the files, if the content on disk is not valid; the provider
+// then keeps its previous content (if any) and stays usable.
+func (p *FileCertKey) RunOnce(context.Context) error { return p.load() }
+
+// Run loads the files and keeps reloading them on change until ctx is done.
+// workers is ignored: there is one loop.
+func (p *FileCertKey) Run(ctx context.Context, _ int) {
+	p.src.run(ctx, func() { _ = p.load() })
+}
+
+func (p *FileCertKey) load() error {
+	p.src.loadMu.Lock()
+	defer p.src.loadMu.Unlock()
+
+	certPEM, err := readPEMFile(p.src.paths[0])
+	if err != nil {
+		return p.src.report.failed(p.wrap(err))
+	}
+	keyPEM, err := readPEMFile(p.src.paths[1])
+	if err != nil {
+		return p.src.report.failed(p.wrap(err))
+	}
+	changed, err := storeCertKey(&p.cur, p.src.report, certPEM, keyPEM, p.src.clock.Now(), "files", p.certFile+","+p.keyFile)
+	if err != nil {
+		return p.src.report.failed(p.wrap(err))
+	}
+	if changed {
+		p.notify()
+	}
+	return nil
+}
+
+func (p *FileCertKey) wrap(err error) error {
+	return fmt.Errorf("loading certificate %s and key %s: %w", p.certFile, p.keyFile, err)
+}

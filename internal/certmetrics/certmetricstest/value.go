@@ -1,0 +1,52 @@
+// Package certmetricstest reads evercert metrics back from the legacyregistry
+// in tests.
+package certmetricstest
+
+import (
+	"testing"
+
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/component-base/metrics/testutil"
+
+	"github.com/evercert/evercert/internal/certmetrics"
+)
+
+// Value returns the current value of the counter or gauge name with exactly
+// labels, or 0 when the series does not exist yet.
+func Value(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
+	certmetrics.Register()
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !testutil.LabelsMatch(m, labels) || len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// LoadErrors returns evercert_certificate_load_errors_total{provider}.
+func LoadErrors(t testing.TB, provider string) float64 {
+	t.Helper()
+	return Value(t, "evercert_certificate_load_errors_total", map[string]string{"provider": provider})
+}
+
+// Rotations returns evercert_certificate_rotations_total{provider}.
+func Rotations(t testing.TB, provider string) float64 {
+	t.Helper()
+	return Value(t, "evercert_certificate_rotations_total", map[string]string{"provider": provider})
+}
