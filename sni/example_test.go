@@ -1,0 +1,58 @@
+package sni_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/sni"
+)
+
+// Example serves a self-signed default certificate and a second, rotating
+// certificate selected by SNI from a plain net/http server.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"localhost", "127.0.0.1"}})
+	if err != nil {
+		panic(err)
+	}
+	api, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "api", Hosts: []string{"api.example.test"}})
+	if err != nil {
+		panic(err)
+	}
+	ctrl := sni.NewDynamicServingCertificateController(
+		&tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}},
+		nil,     // no client CA
+		serving, // the default certificate
+		[]dynamiccertificates.SNICertKeyContentProvider{api},
+	)
+	if err := ctrl.RunOnce(ctx); err != nil {
+		panic(err)
+	}
+	go serving.Run(ctx, 1)
+	go api.Run(ctx, 1)
+	go ctrl.Run(ctx, 1)
+
+	srv := &http.Server{
+		Addr:      "127.0.0.1:0",
+		TLSConfig: ctrl.TLSConfig(),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintln(w, "hello")
+		}),
+	}
+	_ = srv // srv.ListenAndServeTLS("", "") serves until shut down.
+
+	for _, c := range ctrl.Served() {
+		fmt.Println(c.Provider, c.Role, c.IsDefault)
+	}
+	// Output:
+	// self-signed serving true
+	// api sni false
+}
