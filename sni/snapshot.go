@@ -154,7 +154,8 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 
 	cfg := in.base.Clone()
 	cfg.Certificates = nil
-	cfg.NameToCertificate = nil //nolint:staticcheck // deprecated; cleared so crypto/tls never consults a stale base map
+	//lint:ignore SA1019 cleared so crypto/tls never consults a map a caller left in the base config
+	cfg.NameToCertificate = nil
 	cfg.GetCertificate = s.getCertificate
 	cfg.GetConfigForClient = nil
 	cfg.ClientAuth = in.clientAuth
