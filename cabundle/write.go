@@ -1,0 +1,53 @@
+package cabundle
+
+import (
+	"encoding/json"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// jsonPatchOp is one RFC 6902 operation.
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// buildWrite returns the request body that sets the selected slots of v to
+// bundle: an apply object in server-side-apply mode, a JSON patch otherwise.
+func (p *Publisher) buildWrite(a *kindAdapter, v objectView, selected []slot, bundle []byte) (types.PatchType, []byte, error) {
+	if p.ssa {
+		// Every selected slot is sent, not only the stale ones: an apply
+		// releases (and, if nobody else owns them, removes) the fields it
+		// omits.
+		data, err := json.Marshal(a.applyBody(v.name, selected, bundle))
+		return types.ApplyPatchType, data, err
+	}
+	data, err := json.Marshal(jsonPatch(v, selected, bundle, a.indexed))
+	return types.JSONPatchType, data, err
+}
+
+// jsonPatch returns the operations that set the stale selected slots to
+// bundle. "add" rather than "replace", because caBundle may be absent and
+// "add" on an existing member replaces it.
+//
+// When the paths are indexed (webhooks: JSON patch has no other way into a
+// list) they are only right for the version that was read, so the patch
+// also sets metadata.resourceVersion to that version. The API server treats
+// that as a precondition and answers 409 Conflict if the object changed in
+// between. The fixed paths of CRDs and APIServices need no precondition, and
+// one would only cause conflicts with the status updates their controllers
+// make.
+func jsonPatch(v objectView, selected []slot, bundle []byte, indexed bool) []jsonPatchOp {
+	ops := make([]jsonPatchOp, 0, len(selected)+1)
+	if indexed && v.resourceVersion != "" {
+		ops = append(ops, jsonPatchOp{Op: "replace", Path: "/metadata/resourceVersion", Value: v.resourceVersion})
+	}
+	for _, s := range selected {
+		if string(s.current) != string(bundle) {
+			// A []byte marshals as base64, as the API expects for caBundle.
+			ops = append(ops, jsonPatchOp{Op: "add", Path: s.path, Value: bundle})
+		}
+	}
+	return ops
+}
