@@ -499,7 +499,7 @@ func (a *Authority) apply(st *authorityState, now time.Time) error {
 			return fmt.Errorf("issuing leaf: %w", err)
 		}
 		a.leaf, a.leafCA, changed = issued, st.signing.Cert.Raw, true
-		certmetrics.CertificateLoaded(a.cfg.Name, issued.Cert.NotAfter, leaf != nil)
+		certmetrics.CertificateLoaded(a.cfg.Name, issued.Cert.SerialNumber.Text(16), issued.Cert.NotAfter)
 		klog.V(2).InfoS("Issued serving certificate", "provider", a.cfg.Name, "subject", issued.Cert.Subject.CommonName,
 			"names", a.cfg.Hosts, "serial", issued.Cert.SerialNumber.Text(16), "notAfter", issued.Cert.NotAfter,
 			"caSerial", st.signing.Cert.SerialNumber.Text(16))

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -161,7 +162,7 @@ func (p *FileCA) load() error {
 		}
 		subjects = append(subjects, c.Subject.String())
 	}
-	certmetrics.CertificateLoaded(p.src.name, notAfter, prev != nil)
+	certmetrics.CertificateLoaded(p.src.name, bundleID(certs), notAfter)
 	logger := klog.V(2)
 	if recovered {
 		logger = klog.V(0)
@@ -180,4 +181,14 @@ func (p *FileCA) load() error {
 
 func (p *FileCA) wrap(err error) error {
 	return fmt.Errorf("loading CA bundle %s: %w", p.file, err)
+}
+
+// bundleID identifies a CA bundle's content for metrics: the serials of its
+// certificates.
+func bundleID(certs []*x509.Certificate) string {
+	ids := make([]string, len(certs))
+	for i, c := range certs {
+		ids[i] = c.SerialNumber.Text(16)
+	}
+	return strings.Join(ids, ",")
 }

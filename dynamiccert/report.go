@@ -69,7 +69,7 @@ func storeCertKey(cur *atomic.Pointer[certKeyContent], r *reporter, certPEM, key
 	}
 	cur.Store(&certKeyContent{cert: certPEM, key: keyPEM, pair: pair})
 	recovered := r.succeeded()
-	certmetrics.CertificateLoaded(r.name, pair.Leaf.NotAfter, prev != nil)
+	certmetrics.CertificateLoaded(r.name, pair.Leaf.SerialNumber.Text(16), pair.Leaf.NotAfter)
 	logger := klog.V(2)
 	if recovered {
 		// The failure was logged at error level; make its end visible too.

@@ -359,7 +359,7 @@ func (s *SelfSigned) rotateLocked(now time.Time) (bool, error) {
 			return changed, fmt.Errorf("issuing leaf: %w", err)
 		}
 		s.leaf, s.leafCA, changed = issued, s.signing, true
-		certmetrics.CertificateLoaded(s.cfg.Name, issued.Cert.NotAfter, leaf != nil)
+		certmetrics.CertificateLoaded(s.cfg.Name, issued.Cert.SerialNumber.Text(16), issued.Cert.NotAfter)
 		klog.V(2).InfoS("Issued self-signed serving certificate", "provider", s.cfg.Name,
 			"subject", issued.Cert.Subject.CommonName, "names", s.cfg.Hosts,
 			"serial", issued.Cert.SerialNumber.Text(16), "notAfter", issued.Cert.NotAfter)

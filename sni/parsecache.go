@@ -128,7 +128,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	s.badCert, s.badKey, s.badErr = nil, nil, nil
 	res.changed = true
 
-	certmetrics.CertificateLoaded(s.name, pair.Leaf.NotAfter, rotated)
+	certmetrics.CertificateLoaded(s.name, pair.Leaf.SerialNumber.Text(16), pair.Leaf.NotAfter)
 	if logger := klog.V(2); logger.Enabled() {
 		names := s.explicit
 		if len(names) == 0 {

@@ -54,6 +54,12 @@ var (
 	}, []string{"result"})
 
 	registerOnce sync.Once
+
+	// served remembers what each provider served last, so that a provider
+	// and the sni controller serving it can both report a load without the
+	// rotation being counted twice.
+	servedMu sync.Mutex
+	served   = map[string]string{}
 )
 
 // Register registers every evercert metric with the legacyregistry. It is
@@ -64,12 +70,21 @@ func Register() {
 	})
 }
 
-// CertificateLoaded records that provider now serves a certificate that
-// expires at notAfter. rotated says whether it replaced a previous one.
-func CertificateLoaded(provider string, notAfter time.Time, rotated bool) {
+// CertificateLoaded records that provider now serves the content identified
+// by id (a certificate's serial number, say) that expires at notAfter. A
+// rotation is counted when id differs from the one last recorded for
+// provider; reporting the same id again changes nothing.
+func CertificateLoaded(provider, id string, notAfter time.Time) {
 	Register()
+	servedMu.Lock()
+	prev, seen := served[provider]
+	served[provider] = id
+	servedMu.Unlock()
+	if seen && prev == id {
+		return
+	}
 	expiration.WithLabelValues(provider).Set(float64(notAfter.Unix()))
-	if rotated {
+	if seen {
 		rotations.WithLabelValues(provider).Inc()
 	} else {
 		// Make the series exist at 0 so alerts on rate() work from the start.

@@ -10,10 +10,15 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/loopback"
 	"github.com/evercert/evercert/server"
 )
 
@@ -24,39 +29,95 @@ type Options struct {
 	// SelfcheckInterval is how often the loopback client calls the server;
 	// 0 disables the self-check. Flag --loopback-selfcheck-interval.
 	SelfcheckInterval time.Duration
+	// LoopbackValidity is the lifetime of the loopback certificate. Flag
+	// --loopback-validity.
+	LoopbackValidity time.Duration
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
-	return &Options{Options: server.NewOptions(), SelfcheckInterval: time.Second}
+	return &Options{Options: server.NewOptions(), SelfcheckInterval: time.Second, LoopbackValidity: loopback.DefaultValidity}
 }
 
 // AddFlags registers every flag on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Options.AddFlags(fs)
 	fs.DurationVar(&o.SelfcheckInterval, "loopback-selfcheck-interval", o.SelfcheckInterval, "How often the server calls itself through its loopback client (counted in evercert_loopback_selfcheck_total). 0 disables.")
+	fs.DurationVar(&o.LoopbackValidity, "loopback-validity", o.LoopbackValidity, "Lifetime of the loopback certificate (served only for SNI apiserver-loopback-client); it rotates at 2/3 of it.")
 }
 
 // Run serves until ctx is done. It prints the URL, the CA bundle path and a
 // curl line to out once the server listens.
 func Run(ctx context.Context, opts *Options, out io.Writer) error {
-	serving, err := opts.Build()
+	lb, err := loopback.New(loopback.Options{Validity: opts.LoopbackValidity, Clock: opts.Clock})
+	if err != nil {
+		return fmt.Errorf("--loopback-validity: %w", err)
+	}
+	// The loopback certificate comes first, so it wins its SNI name.
+	serving, err := opts.Build(lb)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	serving.InstallHandlers(mux)
+	serving.InstallHandlers(mux, lb.HealthCheck())
 	mux.Handle("/{$}", statusPage(serving, opts.Clock))
 
-	go func() {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
 		select {
 		case <-ctx.Done():
 			return
 		case <-serving.Listening():
 		}
 		printBanner(out, serving.Addr(), opts)
-	}()
+		if opts.SelfcheckInterval > 0 {
+			selfcheck(ctx, lb, serving.Addr().String(), opts.SelfcheckInterval)
+		}
+	})
 	return serving.Serve(ctx, mux)
+}
+
+// selfcheck calls the server's /healthz through a loopback client built
+// once, every interval until ctx is done, and counts the results in
+// evercert_loopback_selfcheck_total. The client keeps trusting the server
+// through every loopback rotation.
+func selfcheck(ctx context.Context, lb *loopback.Certificate, addr string, interval time.Duration) {
+	cfg, err := lb.RestConfig(addr, "")
+	if err != nil {
+		klog.ErrorS(err, "Loopback self-check disabled")
+		return
+	}
+	cfg.Timeout = 10 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		klog.ErrorS(err, "Loopback self-check disabled")
+		return
+	}
+	rest := client.Discovery().RESTClient()
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		err := rest.Get().AbsPath("/healthz").Do(ctx).Error()
+		if ctx.Err() != nil {
+			return
+		}
+		certmetrics.LoopbackSelfcheck(err == nil)
+		switch {
+		case err != nil && err.Error() != lastErr:
+			klog.ErrorS(err, "Loopback self-check failed")
+			lastErr = err.Error()
+		case err == nil && lastErr != "":
+			klog.InfoS("Loopback self-check recovered")
+			lastErr = ""
+		}
+	}
 }
 
 func printBanner(out io.Writer, addr net.Addr, opts *Options) {
