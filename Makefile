@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build test test-unit soak soak-short bench verify run fuzz clean
+.PHONY: all build deps test test-unit soak soak-short bench verify run fuzz clean
 
 all: build
 
@@ -18,8 +18,12 @@ build:
 ## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak).
 test: test-unit test-e2e soak-short
 
+## deps: Debian packages the tests need (sslscan).
+deps:
+	hack/install-deps.sh
+
 ## test-unit: unit and integration tests with the race detector; real TLS handshakes on 127.0.0.1.
-test-unit:
+test-unit: deps
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## soak-short: the soak tests in their short form (part of make test).

@@ -1,0 +1,4 @@
+package testcluster
+
+// Dir exposes the cluster's temporary directory to the external tests.
+func Dir(c *Cluster) string { return c.dir }
