@@ -1,0 +1,126 @@
+package loopback_test
+
+import (
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/rest"
+
+	"github.com/evercert/evercert/loopback"
+)
+
+type fakeListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (f fakeListener) Addr() net.Addr { return f.addr }
+
+func newInfo(t *testing.T) *server.SecureServingInfo {
+	t.Helper()
+	return &server.SecureServingInfo{
+		Listener: fakeListener{addr: &net.TCPAddr{IP: net.IPv4zero, Port: 6443}},
+	}
+}
+
+func TestApplyToNoop(t *testing.T) {
+	var cfg *rest.Config
+	c, err := loopback.ApplyTo(nil, &cfg, loopback.Options{})
+	assert.NoError(t, err)
+	assert.Nil(t, c)
+
+	var info *server.SecureServingInfo
+	c, err = loopback.ApplyTo(&info, &cfg, loopback.Options{})
+	assert.NoError(t, err)
+	assert.Nil(t, c)
+	assert.Nil(t, cfg)
+
+	info = newInfo(t)
+	c, err = loopback.ApplyTo(&info, nil, loopback.Options{})
+	assert.NoError(t, err)
+	assert.Nil(t, c)
+	assert.Empty(t, info.SNICerts)
+}
+
+func TestApplyTo(t *testing.T) {
+	sniFirst, err := loopback.New(loopback.Options{}) // stands in for another SNI certificate
+	require.NoError(t, err)
+	info := newInfo(t)
+	info.SNICerts = []dynamiccertificates.SNICertKeyContentProvider{sniFirst}
+	existing := &rest.Config{Host: "https://insecure.example"}
+	cfg := existing
+
+	c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	require.Len(t, info.SNICerts, 2)
+	assert.Same(t, c, info.SNICerts[0], "the loopback certificate comes first")
+	assert.Same(t, sniFirst, info.SNICerts[1])
+	assert.NotSame(t, existing, cfg, "an existing config is replaced on success")
+	assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
+	assert.NotEmpty(t, cfg.BearerToken)
+	assert.Equal(t, loopback.ServerName, cfg.ServerName)
+}
+
+func TestApplyToFallback(t *testing.T) {
+	t.Run("no fallback config: error, certificate removed", func(t *testing.T) {
+		info := &server.SecureServingInfo{} // no listener
+		var cfg *rest.Config
+		c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		assert.Error(t, err)
+		assert.Nil(t, c)
+		assert.Nil(t, cfg)
+		assert.Empty(t, info.SNICerts)
+	})
+	t.Run("fallback config kept, certificate served", func(t *testing.T) {
+		info := &server.SecureServingInfo{}
+		existing := &rest.Config{Host: "http://127.0.0.1:8080"}
+		cfg := existing
+		c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		assert.NoError(t, err)
+		require.NotNil(t, c)
+		assert.Same(t, existing, cfg)
+		require.Len(t, info.SNICerts, 1)
+		assert.Same(t, c, info.SNICerts[0])
+	})
+	t.Run("invalid options", func(t *testing.T) {
+		info := newInfo(t)
+		var cfg *rest.Config
+		_, err := loopback.ApplyTo(&info, &cfg, loopback.Options{Validity: -1})
+		assert.Error(t, err)
+		assert.Empty(t, info.SNICerts)
+		assert.Nil(t, cfg)
+	})
+}
+
+func TestApplyToConfig(t *testing.T) {
+	cfg := server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
+	cfg.SecureServing = newInfo(t)
+	healthz, livez, readyz := len(cfg.HealthzChecks), len(cfg.LivezChecks), len(cfg.ReadyzChecks)
+
+	c, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	require.NotNil(t, cfg.LoopbackClientConfig)
+	assert.Same(t, c, cfg.SecureServing.SNICerts[0])
+	require.Len(t, cfg.HealthzChecks, healthz+1)
+	require.Len(t, cfg.LivezChecks, livez+1)
+	assert.Len(t, cfg.ReadyzChecks, readyz, "like upstream, not a readiness check")
+	assert.Equal(t, loopback.HealthCheckName, cfg.HealthzChecks[healthz].Name())
+	assert.Equal(t, loopback.HealthCheckName, cfg.LivezChecks[livez].Name())
+	assert.Contains(t, cfg.PostStartHooks, loopback.PostStartHookName)
+
+	// Secure serving off: nothing happens.
+	off := server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
+	c, err = loopback.ApplyToConfig(off, loopback.Options{})
+	assert.NoError(t, err)
+	assert.Nil(t, c)
+	assert.Nil(t, off.LoopbackClientConfig)
+	assert.NotContains(t, off.PostStartHooks, loopback.PostStartHookName)
+}
