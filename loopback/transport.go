@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/streaming/pkg/httpstream"
 )
 
 // handshakeTimeout bounds the TLS handshake of a loopback connection, like
