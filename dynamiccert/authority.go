@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"time"
 
@@ -128,6 +127,7 @@ func (c *AuthorityConfig) complete() error {
 type Authority struct {
 	listeners
 	cfg    AuthorityConfig
+	sched  rotation
 	src    *secretSource
 	report *reporter
 	ips    []net.IP
@@ -155,7 +155,11 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("authority %s/%s: %w", cfg.Namespace, cfg.SecretName, err)
 	}
-	a := &Authority{cfg: cfg, kick: make(chan struct{}, 1)}
+	a := &Authority{cfg: cfg, kick: make(chan struct{}, 1), sched: rotation{
+		name: cfg.Name, keyType: cfg.KeyType,
+		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
+		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
+	}}
 	for _, h := range cfg.Hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			a.ips = append(a.ips, ip)
@@ -320,13 +324,13 @@ func (a *Authority) reconcileOnce(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, a.report.failed(fmt.Errorf("CA secret %s: %w", a.src.key, err))
 	}
-	changed, err := a.rotate(state, now)
+	changed, err := a.sched.advance(state, now)
 	if err != nil {
 		return 0, a.report.failed(fmt.Errorf("CA secret %s: %w", a.src.key, err))
 	}
 	if changed {
 		updated := secret.DeepCopy()
-		state.writeTo(updated)
+		writeAuthoritySecret(state, updated)
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
@@ -348,16 +352,10 @@ func (a *Authority) reconcileOnce(ctx context.Context) (time.Duration, error) {
 	return a.nextDeadline(state).Sub(now), nil
 }
 
-// authorityState is the CA Secret's content, parsed.
-type authorityState struct {
-	signing   *pki.Issued
-	next      *pki.Issued
-	nextSince time.Time
-	bundle    []*x509.Certificate
-}
-
-func parseAuthoritySecret(s *corev1.Secret) (*authorityState, error) {
-	st := &authorityState{}
+// parseAuthoritySecret reads the CA side of the rotation state from the
+// Secret; an empty Secret is an empty state.
+func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
+	st := &caSet{}
 	var err error
 	if len(s.Data[corev1.TLSCertKey]) > 0 || len(s.Data[corev1.TLSPrivateKeyKey]) > 0 {
 		if st.signing, err = parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
@@ -395,17 +393,15 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 	return &pki.Issued{Cert: pair.Leaf, Key: signer, CertPEM: certPEM, KeyPEM: keyPEM}, nil
 }
 
-func (st *authorityState) writeTo(s *corev1.Secret) {
+// writeAuthoritySecret stores the state in the Secret: the signing CA as tls.crt and
+// tls.key, the bundle as ca.crt, and a successor with its publication time.
+func writeAuthoritySecret(st *caSet, s *corev1.Secret) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
 	s.Data[corev1.TLSCertKey] = st.signing.CertPEM
 	s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
-	var b bytes.Buffer
-	for _, c := range st.bundle {
-		b.Write(pki.EncodeCertPEM(c.Raw))
-	}
-	s.Data[SecretCAKey] = b.Bytes()
+	s.Data[SecretCAKey], _ = st.bundlePEM()
 	if st.next != nil {
 		s.Data[AuthorityNextCertKey] = st.next.CertPEM
 		s.Data[AuthorityNextKeyKey] = st.next.KeyPEM
@@ -420,89 +416,27 @@ func (st *authorityState) writeTo(s *corev1.Secret) {
 	}
 }
 
-// rotate applies the CA schedule to st at now and reports whether st
-// changed. The schedule is SelfSigned's: a successor joins the bundle
-// CARenewBefore ahead of expiry, signs PropagationDelay later (at once when
-// the signing CA is within RenewBefore of expiry), expired CAs leave the
-// bundle, and a missing, expired or future-dated signing CA is replaced at once.
-func (a *Authority) rotate(st *authorityState, now time.Time) (bool, error) {
-	changed := false
-	newCA := func() (*pki.Issued, error) {
-		return pki.NewCA(pki.Request{CommonName: a.cfg.Name + "-ca", KeyType: a.cfg.KeyType, Now: now, Lifetime: a.cfg.CALifetime})
-	}
-	inBundle := func(c *x509.Certificate) bool {
-		return slices.ContainsFunc(st.bundle, func(b *x509.Certificate) bool { return b.Equal(c) })
-	}
-	if st.signing != nil && !validAt(st.signing, now) && st.next != nil && validAt(st.next, now) {
-		// Every replica slept through the propagation delay: the successor
-		// is already in ca.crt, so it signs now rather than an unknown CA.
-		st.signing, st.next, changed = st.next, nil, true
-	}
-	if st.signing == nil || !validAt(st.signing, now) {
-		ca, err := newCA()
-		if err != nil {
-			return false, fmt.Errorf("making CA: %w", err)
-		}
-		st.signing, st.next, changed = ca, nil, true
-		klog.InfoS("Created signing CA", "provider", a.cfg.Name, "serial", ca.Cert.SerialNumber.Text(16), "notAfter", ca.Cert.NotAfter)
-	} else if !now.Before(st.signing.Cert.NotAfter.Add(-a.cfg.CARenewBefore)) {
-		if st.next == nil {
-			ca, err := newCA()
-			if err != nil {
-				return false, fmt.Errorf("making successor CA: %w", err)
-			}
-			st.next, st.nextSince, changed = ca, now, true
-			klog.InfoS("Published successor CA", "provider", a.cfg.Name, "serial", ca.Cert.SerialNumber.Text(16), "signsAfter", now.Add(a.cfg.PropagationDelay))
-		}
-		if !now.Before(st.nextSince.Add(a.cfg.PropagationDelay)) || !now.Before(st.signing.Cert.NotAfter.Add(-a.cfg.RenewBefore)) {
-			st.signing, st.next, changed = st.next, nil, true
-			klog.InfoS("Successor CA now signs", "provider", a.cfg.Name, "serial", st.signing.Cert.SerialNumber.Text(16))
-		}
-	}
-	for _, c := range []*pki.Issued{st.signing, st.next} {
-		if c != nil && !inBundle(c.Cert) {
-			st.bundle, changed = append(st.bundle, c.Cert), true
-		}
-	}
-	kept := slices.DeleteFunc(slices.Clone(st.bundle), func(c *x509.Certificate) bool { return !now.Before(c.NotAfter) })
-	if len(kept) != len(st.bundle) {
-		st.bundle, changed = kept, true
-	}
-	return changed, nil
-}
-
-// apply adopts st locally: the bundle, and a leaf re-signed when the CA
-// changed or the leaf is due.
-func (a *Authority) apply(st *authorityState, now time.Time) error {
-	var b bytes.Buffer
-	pool := x509.NewCertPool()
-	for _, c := range st.bundle {
-		b.Write(pki.EncodeCertPEM(c.Raw))
-		pool.AddCert(c)
-	}
+// apply adopts st locally: the bundle, and a leaf re-signed when the
+// schedule says so.
+func (a *Authority) apply(st *caSet, now time.Time) error {
+	bundle, pool := st.bundlePEM()
 	a.mu.Lock()
-	changed := !bytes.Equal(b.Bytes(), a.bundle)
+	changed := !bytes.Equal(bundle, a.bundle)
 	if changed {
-		a.bundle, a.caOpts = b.Bytes(), clientVerifyOptions(pool)
+		a.bundle, a.caOpts = bundle, clientVerifyOptions(pool)
 	}
-	leaf := a.leaf
-	// A leaf capped at its CA's expiry cannot get longer by re-signing with
-	// the same CA; only a CA change renews it, so this never spins.
-	due := leaf != nil && !now.Before(leaf.Cert.NotAfter.Add(-a.cfg.RenewBefore)) && leaf.Cert.NotAfter.Before(st.signing.Cert.NotAfter)
-	if leaf == nil || !bytes.Equal(a.leafCA, st.signing.Cert.Raw) || due || now.Before(leaf.Cert.NotBefore) {
-		issued, err := pki.IssueLeaf(st.signing, pki.Request{
-			CommonName: a.cfg.CommonName, DNSNames: a.dns, IPs: a.ips,
-			KeyType: a.cfg.KeyType, Now: now, Lifetime: a.cfg.Lifetime,
-		})
+	prev := a.leaf
+	if a.sched.leafDue(prev, a.leafCA, st, now) {
+		issued, err := a.sched.issueLeaf(st, a.cfg.CommonName, a.dns, a.ips, a.cfg.Lifetime, now)
 		if err != nil {
 			a.mu.Unlock()
-			return fmt.Errorf("issuing leaf: %w", err)
+			return err
 		}
 		a.leaf, a.leafCA, changed = issued, st.signing.Cert.Raw, true
-		certmetrics.CertificateLoaded(a.cfg.Name, issued.Cert.SerialNumber.Text(16), issued.Cert.NotAfter)
+		certmetrics.CertificateLoaded(a.cfg.Name, serial(issued.Cert), issued.Cert.NotAfter)
 		klog.V(2).InfoS("Issued serving certificate", "provider", a.cfg.Name, "subject", issued.Cert.Subject.CommonName,
-			"names", a.cfg.Hosts, "serial", issued.Cert.SerialNumber.Text(16), "notAfter", issued.Cert.NotAfter,
-			"caSerial", st.signing.Cert.SerialNumber.Text(16))
+			"names", a.cfg.Hosts, "serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter,
+			"caSerial", serial(st.signing.Cert))
 	}
 	a.mu.Unlock()
 	if changed {
@@ -511,22 +445,8 @@ func (a *Authority) apply(st *authorityState, now time.Time) error {
 	return nil
 }
 
-func (a *Authority) nextDeadline(st *authorityState) time.Time {
+func (a *Authority) nextDeadline(st *caSet) time.Time {
 	a.mu.RLock()
-	leafEnd := a.leaf.Cert.NotAfter
-	a.mu.RUnlock()
-	next := st.signing.Cert.NotAfter
-	if leafEnd.Before(next) {
-		// Not capped by its CA, so the leaf renews on its own schedule.
-		next = leafEnd.Add(-a.cfg.RenewBefore)
-	}
-	if st.next == nil {
-		next = earliest(next, st.signing.Cert.NotAfter.Add(-a.cfg.CARenewBefore))
-	} else {
-		next = earliest(next, st.nextSince.Add(a.cfg.PropagationDelay))
-	}
-	for _, c := range st.bundle {
-		next = earliest(next, c.NotAfter)
-	}
-	return next
+	defer a.mu.RUnlock()
+	return a.sched.nextDeadline(st, a.leaf.Cert)
 }

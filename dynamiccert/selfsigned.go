@@ -1,7 +1,6 @@
 package dynamiccert
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -143,18 +142,17 @@ func (c *SelfSignedConfig) complete() error {
 type SelfSigned struct {
 	listeners
 	cfg      SelfSignedConfig
+	sched    rotation
 	dnsNames []string
 	ips      []net.IP
 
-	mu        sync.RWMutex
-	cas       []*pki.Issued // every CA still in the bundle, oldest first
-	signing   *pki.Issued
-	next      *pki.Issued // a CA published in the bundle, not yet signing
-	nextSince time.Time
-	leaf      *pki.Issued
-	leafCA    *pki.Issued // the CA that signed leaf
-	bundle    []byte
-	lastErr   error
+	mu      sync.RWMutex
+	cas     caSet
+	leaf    *pki.Issued
+	leafCA  []byte // raw certificate of the CA that signed leaf
+	bundle  []byte
+	pool    *x509.CertPool
+	lastErr error
 }
 
 var (
@@ -170,7 +168,11 @@ func NewSelfSigned(cfg SelfSignedConfig) (*SelfSigned, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("self-signed provider %q: %w", cfg.Name, err)
 	}
-	s := &SelfSigned{cfg: cfg}
+	s := &SelfSigned{cfg: cfg, sched: rotation{
+		name: cfg.Name, keyType: cfg.KeyType,
+		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
+		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
+	}}
 	for _, h := range cfg.Hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			s.ips = append(s.ips, ip)
@@ -213,11 +215,7 @@ func (s *SelfSigned) CurrentCABundleContent() []byte {
 func (s *SelfSigned) VerifyOptions() (x509.VerifyOptions, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	pool := x509.NewCertPool()
-	for _, ca := range s.cas {
-		pool.AddCert(ca.Cert)
-	}
-	return clientVerifyOptions(pool), true
+	return clientVerifyOptions(s.pool), true
 }
 
 // Leaf returns the current leaf certificate.
@@ -295,106 +293,31 @@ func (s *SelfSigned) check() (time.Duration, error) {
 	return next, err
 }
 
-func (s *SelfSigned) request(cn string, lifetime time.Duration, now time.Time) pki.Request {
-	return pki.Request{CommonName: cn, KeyType: s.cfg.KeyType, Now: now, Lifetime: lifetime}
-}
-
-// rotateLocked implements the rotation schedule:
-//
-//   - with no usable signing CA (first run, expired, or the clock went back
-//     before its NotBefore) a published successor signs at once if it is
-//     valid, else a new CA is made and signs at once;
-//   - a successor CA is made CARenewBefore ahead of the signing CA's expiry
-//     and joins the bundle;
-//   - it starts signing PropagationDelay later, or at once when the signing
-//     CA is already within RenewBefore of expiry (a clock jump), so a leaf is
-//     never capped by a dying CA;
-//   - the leaf is replaced when it is within RenewBefore of expiry, when its
-//     CA no longer signs, or when the clock went back before its NotBefore;
-//   - expired CAs leave the bundle.
+// rotateLocked applies the shared rotation schedule (see rotation.advance
+// and rotation.leafDue) to the in-memory state.
 func (s *SelfSigned) rotateLocked(now time.Time) (bool, error) {
-	changed := false
-	if s.signing != nil && !validAt(s.signing, now) && s.next != nil && validAt(s.next, now) {
-		// The machine slept through the propagation delay: the successor
-		// is already in every refreshed bundle, so it signs now rather than
-		// an unknown new CA.
-		s.signing, s.next, changed = s.next, nil, true
-	}
-	if s.signing == nil || !validAt(s.signing, now) {
-		ca, err := pki.NewCA(s.request(s.cfg.Name+"-ca", s.cfg.CALifetime, now))
-		if err != nil {
-			return false, fmt.Errorf("making CA: %w", err)
-		}
-		s.cas, s.signing, s.next, changed = append(s.cas, ca), ca, nil, true
-	} else if !now.Before(s.signing.Cert.NotAfter.Add(-s.cfg.CARenewBefore)) {
-		if s.next == nil {
-			ca, err := pki.NewCA(s.request(s.cfg.Name+"-ca", s.cfg.CALifetime, now))
-			if err != nil {
-				return false, fmt.Errorf("making successor CA: %w", err)
-			}
-			s.cas, s.next, s.nextSince, changed = append(s.cas, ca), ca, now, true
-			klog.V(2).InfoS("Published successor CA", "provider", s.cfg.Name, "serial", ca.Cert.SerialNumber.Text(16), "notAfter", ca.Cert.NotAfter)
-		}
-		if !now.Before(s.nextSince.Add(s.cfg.PropagationDelay)) || !now.Before(s.signing.Cert.NotAfter.Add(-s.cfg.RenewBefore)) {
-			s.signing, s.next, changed = s.next, nil, true
-		}
-	}
-	kept := s.cas[:0]
-	for _, ca := range s.cas {
-		if now.Before(ca.Cert.NotAfter) {
-			kept = append(kept, ca)
-		} else {
-			changed = true
-		}
-	}
-	s.cas = kept
-
-	leaf := s.leaf
-	if leaf == nil || s.leafCA != s.signing ||
-		!now.Before(leaf.Cert.NotAfter.Add(-s.cfg.RenewBefore)) || now.Before(leaf.Cert.NotBefore) {
-		req := s.request(s.cfg.CommonName, s.cfg.Lifetime, now)
-		req.DNSNames, req.IPs = s.dnsNames, s.ips
-		issued, err := pki.IssueLeaf(s.signing, req)
-		if err != nil {
-			return changed, fmt.Errorf("issuing leaf: %w", err)
-		}
-		s.leaf, s.leafCA, changed = issued, s.signing, true
-		certmetrics.CertificateLoaded(s.cfg.Name, issued.Cert.SerialNumber.Text(16), issued.Cert.NotAfter)
-		klog.V(2).InfoS("Issued self-signed serving certificate", "provider", s.cfg.Name,
-			"subject", issued.Cert.Subject.CommonName, "names", s.cfg.Hosts,
-			"serial", issued.Cert.SerialNumber.Text(16), "notAfter", issued.Cert.NotAfter)
+	changed, err := s.sched.advance(&s.cas, now)
+	if err != nil {
+		return false, err
 	}
 	if changed {
-		var b bytes.Buffer
-		for _, ca := range s.cas {
-			b.Write(ca.CertPEM)
-		}
-		s.bundle = b.Bytes()
+		s.bundle, s.pool = s.cas.bundlePEM()
 	}
-	return changed, nil
+	if !s.sched.leafDue(s.leaf, s.leafCA, &s.cas, now) {
+		return changed, nil
+	}
+	issued, err := s.sched.issueLeaf(&s.cas, s.cfg.CommonName, s.dnsNames, s.ips, s.cfg.Lifetime, now)
+	if err != nil {
+		return changed, err
+	}
+	s.leaf, s.leafCA = issued, s.cas.signing.Cert.Raw
+	certmetrics.CertificateLoaded(s.cfg.Name, serial(issued.Cert), issued.Cert.NotAfter)
+	klog.V(2).InfoS("Issued self-signed serving certificate", "provider", s.cfg.Name,
+		"subject", issued.Cert.Subject.CommonName, "names", s.cfg.Hosts,
+		"serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter)
+	return true, nil
 }
 
 func (s *SelfSigned) nextDeadlineLocked() time.Time {
-	next := s.leaf.Cert.NotAfter.Add(-s.cfg.RenewBefore)
-	if s.next == nil {
-		next = earliest(next, s.signing.Cert.NotAfter.Add(-s.cfg.CARenewBefore))
-	} else {
-		next = earliest(next, s.nextSince.Add(s.cfg.PropagationDelay))
-	}
-	for _, ca := range s.cas {
-		next = earliest(next, ca.Cert.NotAfter)
-	}
-	return next
-}
-
-// validAt reports whether now is within c's validity period.
-func validAt(c *pki.Issued, now time.Time) bool {
-	return !now.Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
+	return s.sched.nextDeadline(&s.cas, s.leaf.Cert)
 }
