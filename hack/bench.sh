@@ -21,6 +21,7 @@ benches=(
   "./sni/:^BenchmarkGetConfigForClient$"
   "./sni/:^BenchmarkHandshake$"
   "./sni/:^BenchmarkSNIScale$"
+  "./sni/:^BenchmarkRotationPropagation$"
   "./dynamiccert/:^BenchmarkSelfSignedGenerate$"
   "./loopback/:^BenchmarkLoopback"
 )
