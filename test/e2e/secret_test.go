@@ -82,7 +82,7 @@ func serve(t *testing.T, serving dynamiccertificates.CertKeyContentProvider) str
 
 func servedSerial(t *testing.T, addr, host string) string {
 	t.Helper()
-	cert, err := tlstest.Handshake(addr, &tls.Config{ServerName: host, InsecureSkipVerify: true})
+	cert, err := tlstest.Dial(addr, &tls.Config{ServerName: host, InsecureSkipVerify: true})
 	require.NoError(t, err)
 	return cert.SerialNumber.String()
 }

@@ -1,0 +1,120 @@
+// Package proctest builds the project's commands and runs them as
+// subprocesses in tests, stopping them by pid when the test ends.
+package proctest
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildMu sync.Mutex
+	built   = map[string]string{}
+)
+
+// Build compiles the main package pkg (an import path such as
+// "github.com/evercert/evercert/example/server") once per test process and
+// returns the binary's path.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := built[pkg]; ok {
+		return bin
+	}
+	dir, err := os.MkdirTemp("", "evercert-bin-")
+	if err != nil {
+		t.Fatalf("building %s: %v", pkg, err)
+	}
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", pkg, err, out)
+	}
+	built[pkg] = bin
+	return bin
+}
+
+// Process is a running subprocess whose output is captured.
+type Process struct {
+	cmd    *exec.Cmd
+	exited chan error
+	mu     sync.Mutex
+	out    strings.Builder
+}
+
+// Output returns everything the process wrote to stdout and stderr so far.
+func (p *Process) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// Start runs bin with args, waits until a line of its output matches ready
+// (whose first submatch is returned), and stops it with SIGTERM when the
+// test ends, failing the test if it does not exit cleanly within 20 s. On
+// failure the process output is logged.
+func Start(t testing.TB, bin string, ready *regexp.Regexp, args ...string) (*Process, string) {
+	t.Helper()
+	p := &Process{cmd: exec.Command(bin, args...), exited: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	match := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case match <- m[len(m)-1]:
+				default:
+				}
+			}
+		}
+	}()
+	go func() {
+		err := p.cmd.Wait()
+		pw.Close()
+		p.exited <- err
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-p.exited:
+			if err != nil {
+				t.Errorf("%s did not exit cleanly on SIGTERM: %v", filepath.Base(bin), err)
+			}
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			t.Errorf("%s did not exit within 20s of SIGTERM", filepath.Base(bin))
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), p.Output())
+		}
+	})
+	select {
+	case m := <-match:
+		return p, m
+	case err := <-p.exited:
+		p.exited <- err
+		t.Fatalf("%s exited before it was ready: %v\n%s", filepath.Base(bin), err, p.Output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s not ready within 60s\n%s", filepath.Base(bin), p.Output())
+	}
+	return p, ""
+}
