@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -167,4 +170,24 @@ func TestSecretCA(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, p.RunOnce(context.Background()), "secret ns/ca key ca.crt: CA bundle: malformed PEM")
 	assert.Equal(t, ca.CertPEM, p.CurrentCABundleContent())
+}
+
+// TestSecretCertKeyUnreachable starts with an API server that does not
+// answer: RunOnce fails naming the Secret, and the error is counted.
+func TestSecretCertKeyUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there any more
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "https://" + addr, Timeout: 2 * time.Second})
+	require.NoError(t, err)
+	p, err := NewSecretCertKey(SecretConfig{Name: "secret-unreachable", Namespace: "ns", SecretName: "s", Client: client})
+	require.NoError(t, err)
+	before := certmetricstest.LoadErrors(t, p.Name())
+	err = p.RunOnce(context.Background())
+	require.ErrorContains(t, err, "reading secret ns/s")
+	assert.ErrorContains(t, err, "connection refused")
+	assert.Equal(t, before+1, certmetricstest.LoadErrors(t, p.Name()))
+	cert, _ := p.CurrentCertKeyContent()
+	assert.Nil(t, cert)
 }
