@@ -560,7 +560,7 @@ func testE2EServerSideApply(t *testing.T, env *e2eEnv) {
 			if mf.Operation != metav1.ManagedFieldsOperationApply {
 				t.Errorf("evercert managed-fields entry has operation %s", mf.Operation)
 			}
-			owned := string(mf.FieldsV1.Raw)
+			owned := string(mf.FieldsV1.GetRawBytes())
 			for _, bad := range []string{"f:rules", "f:url", "f:service", "f:failurePolicy", "f:labels", `"other.evercert.test"`} {
 				if strings.Contains(owned, bad) {
 					t.Errorf("evercert owns %s: %s", bad, owned)
