@@ -1,8 +1,18 @@
-// Command apiserver is a standalone genericapiserver (no etcd, no
-// kubeconfig) whose loopback certificate rotates in memory and whose
-// loopback client follows the rotation. See package app for the wiring.
+// Command apiserver is a genericapiserver without etcd whose serving and
+// loopback certificates rotate in memory, and whose loopback client follows
+// the rotation. It serves the read-only API certificates.evercert.io/v1alpha1
+// (servingcertificates: what it serves right now). Standalone:
 //
 //	go run ./example/apiserver --secure-port=0 --loopback-validity=10s
+//
+// Aggregated into a kube-apiserver, with delegated authentication and
+// authorization and a self-registered APIService whose caBundle follows the
+// serving CA:
+//
+//	go run ./example/apiserver --kubeconfig=$KUBECONFIG \
+//	    --apiservice-service=evercert/evercert-example-apiserver --self-signed-validity=1h
+//
+// See package app for the wiring.
 package main
 
 import (

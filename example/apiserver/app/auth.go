@@ -1,6 +1,8 @@
 package app
 
 import (
+	"fmt"
+
 	"k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/authentication/request/anonymous"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -39,5 +41,42 @@ func applyAuth(cfg *genericapiserver.Config) error {
 		return err
 	}
 	cfg.Authorization.Authorizer = authz
+	return nil
+}
+
+// applyDelegatedAuth sets up authentication and authorization delegated to
+// the kube-apiserver of o.Kubeconfig, as an aggregated API server does
+// upstream (DelegatingAuthenticationOptions, DelegatingAuthorizationOptions):
+//
+//   - authentication: bearer tokens by TokenReview; client certificates
+//     against the client CA; requests proxied by the aggregator by the
+//     request-header CA, allowed names and headers. Both CAs come from the
+//     kube-system/extension-apiserver-authentication ConfigMap (read at once
+//     and then watched) unless --client-ca-file or
+//     --requestheader-client-ca-file give them. Anonymous requests are
+//     allowed through to authorization.
+//   - authorization: system:masters and the always-allowed paths (/healthz,
+//     /readyz, /livez by default) without a request; everything else by
+//     SubjectAccessReview.
+//
+// The loopback token still authenticates as system:apiserver in
+// system:masters: Config.Complete puts its authenticator in front of this
+// one (AuthorizeClientBearerToken), and the privileged-group authorizer
+// admits it. The options in o are not modified.
+func applyDelegatedAuth(cfg *genericapiserver.Config, o *Options) error {
+	authn := *o.Authentication
+	if authn.RemoteKubeConfigFile == "" {
+		authn.RemoteKubeConfigFile = o.Kubeconfig
+	}
+	if err := authn.ApplyTo(&cfg.Authentication, cfg.SecureServing, cfg.OpenAPIConfig); err != nil {
+		return fmt.Errorf("delegated authentication: %w", err)
+	}
+	authz := *o.Authorization
+	if authz.RemoteKubeConfigFile == "" {
+		authz.RemoteKubeConfigFile = o.Kubeconfig
+	}
+	if err := authz.ApplyTo(&cfg.Authorization); err != nil {
+		return fmt.Errorf("delegated authorization: %w", err)
+	}
 	return nil
 }

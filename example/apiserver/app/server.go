@@ -4,18 +4,25 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/util/compatibility"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
+	certv1alpha1 "github.com/evercert/evercert/example/apiserver/apis/certificates/v1alpha1"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -31,13 +38,29 @@ type Server struct {
 	Serving *dynamiccert.SelfSigned
 	// Addr is the HOST:PORT the server listens on.
 	Addr string
+	// Publisher keeps the caBundle of the APIService up to date once it is
+	// registered; nil when the server does not register (see
+	// Options.Registers). Its Ready channel closes after the first
+	// successful publish.
+	Publisher *cabundle.Publisher
+
+	certificates *certificatesAPI
+	registration *registration
+	// background counts the goroutines Run must wait for.
+	background sync.WaitGroup
 }
 
 // NewServer validates o and builds the server, listening already (so Addr
 // is known) but not yet serving. o.SecureServing gets its Listener set.
+// With o.Kubeconfig it reads the authentication configuration from that
+// kube-apiserver, so the kube-apiserver must be reachable.
 func NewServer(o *Options) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
+	}
+	var svcNamespace, svcName string
+	if o.Registers() {
+		svcNamespace, svcName, _ = o.APIServiceServiceRef() // validated
 	}
 	ss := o.SecureServing
 	if ss.Listener == nil && ss.BindPort == 0 {
@@ -51,14 +74,25 @@ func NewServer(o *Options) (*Server, error) {
 	}
 
 	s := &Server{}
-	if ss.ServerCert.CertKey.CertFile == "" && ss.ServerCert.CertKey.KeyFile == "" && ss.ServerCert.GeneratedCert == nil {
-		hosts := append([]string(nil), dynamiccert.DefaultSelfSignedHosts...)
-		if ip := ss.BindAddress; ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
+	if !o.servedByFiles() {
+		hosts := slices.Clone(o.SelfSignedHosts)
+		if len(hosts) == 0 {
+			hosts = slices.Clone(dynamiccert.DefaultSelfSignedHosts)
+		}
+		if ip := ss.BindAddress; ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() && !slices.Contains(hosts, ip.String()) {
 			hosts = append(hosts, ip.String())
 		}
-		serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "serving", Hosts: hosts})
+		if svcName != "" {
+			// The aggregator verifies the serving certificate for this name.
+			if dns := svcName + "." + svcNamespace + ".svc"; !slices.Contains(hosts, dns) {
+				hosts = append(hosts, dns)
+			}
+		}
+		serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+			Name: "serving", Hosts: hosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
+		})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("serving certificate: %w", err)
 		}
 		ss.ServerCert.GeneratedCert = serving
 		s.Serving = serving
@@ -68,18 +102,37 @@ func NewServer(o *Options) (*Server, error) {
 	cfg := genericapiserver.NewConfig(codecs)
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	if err := ss.ApplyTo(&cfg.SecureServing); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("secure serving: %w", err)
 	}
 	cert, err := loopback.ApplyToConfig(cfg, loopback.Options{Validity: o.LoopbackValidity, Clock: o.LoopbackClock})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loopback certificate: %w", err)
 	}
 	s.Loopback = cert
-	if err := applyAuth(cfg); err != nil {
-		return nil, err
+	if o.Delegated() {
+		err = applyDelegatedAuth(cfg, o)
+	} else {
+		err = applyAuth(cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("authentication and authorization: %w", err)
 	}
 	if o.SelfcheckInterval > 0 {
 		if err := cfg.AddPostStartHook(SelfcheckHookName, selfcheckHook(o.SelfcheckInterval)); err != nil {
+			return nil, err
+		}
+	}
+	if o.Registers() {
+		if s.registration, err = newServerRegistration(o, s.Serving, svcNamespace, svcName); err != nil {
+			return nil, err
+		}
+		s.Publisher = s.registration.publisher
+		if err := cfg.AddPostStartHook(RegistrationHookName, func(hookCtx genericapiserver.PostStartHookContext) error {
+			// The goroutine ends with the hook context, which is cancelled
+			// when the server stops; Run waits for it.
+			s.background.Go(func() { s.registration.run(hookCtx) })
+			return nil
+		}); err != nil {
 			return nil, err
 		}
 	}
@@ -87,12 +140,13 @@ func NewServer(o *Options) (*Server, error) {
 	// system:masters) in front of ours.
 	gs, err := cfg.Complete(nil).New("evercert-example-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building the generic API server: %w", err)
 	}
 	s.GenericAPIServer = gs
+	s.certificates = installCertificatesAPI(gs, cert)
 	host, port, err := net.SplitHostPort(cfg.SecureServing.Listener.Addr().String())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listener address: %w", err)
 	}
 	if p, err := strconv.Atoi(port); err == nil {
 		ss.BindPort = p
@@ -101,23 +155,55 @@ func NewServer(o *Options) (*Server, error) {
 	return s, nil
 }
 
+// newServerRegistration builds the APIService registration: the caBundle
+// source is the in-memory serving CA bundle, or the --apiservice-ca-file
+// bundle when the serving certificate comes from files.
+func newServerRegistration(o *Options, serving *dynamiccert.SelfSigned, namespace, name string) (*registration, error) {
+	kubeConfig, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading --kubeconfig %s: %w", o.Kubeconfig, err)
+	}
+	var source dynamiccertificates.CAContentProvider = serving
+	var runner dynamiccertificates.ControllerRunner
+	if serving == nil {
+		fileCA, err := dynamiccert.NewFileCA(dynamiccert.FileCAConfig{Name: "apiservice-ca", File: o.APIServiceCAFile})
+		if err != nil {
+			return nil, fmt.Errorf("--apiservice-ca-file: %w", err)
+		}
+		source, runner = fileCA, fileCA
+	}
+	return newRegistration(kubeConfig, namespace, name, o.APIServicePort, source, runner)
+}
+
 // newScheme holds the unversioned meta types every server encodes (Status
-// for errors, discovery documents); there are no API groups.
+// for errors, discovery documents) and the certificates.evercert.io types.
 func newScheme() *runtime.Scheme {
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	scheme.AddUnversionedTypes(schema.GroupVersion{Version: "v1"},
 		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{})
+	utilruntime.Must(certv1alpha1.AddToScheme(scheme))
 	return scheme
 }
 
-// Run serves until ctx is done, then shuts down gracefully and returns.
+// ServingCertificates returns what GET
+// /apis/certificates.evercert.io/v1alpha1/servingcertificates would return
+// now, without going through HTTP.
+func (s *Server) ServingCertificates() *certv1alpha1.ServingCertificateList {
+	return s.certificates.List()
+}
+
+// Run serves until ctx is done, then shuts down gracefully and returns once
+// the server and every goroutine it started (APIService registration and
+// caBundle publishing) have stopped.
 func (s *Server) Run(ctx context.Context) error {
 	s.GenericAPIServer.AddPostStartHookOrDie("evercert-serving-on", func(genericapiserver.PostStartHookContext) error {
 		klog.Infof("serving on https://%s", s.Addr)
 		return nil
 	})
-	return s.GenericAPIServer.PrepareRun().RunWithContext(ctx)
+	err := s.GenericAPIServer.PrepareRun().RunWithContext(ctx)
+	s.background.Wait()
+	return err
 }
 
 // Run builds the server from o and serves until ctx is done.
