@@ -21,23 +21,17 @@
 //
 // # Registering an aggregated API server
 //
-// The kube-apiserver runs with --enable-aggregator-routing=true, so it
-// proxies an APIService to an endpoint of the referenced Service instead of
-// its ClusterIP (nothing implements ClusterIPs here). A test that registers an
-// APIService must therefore create, in the Service's namespace:
-//
-//   - a Service of type ClusterIP *without a selector*, whose port (say 443,
-//     named "https") is the one the APIService's spec.service.port refers to;
-//   - a discovery.k8s.io/v1 EndpointSlice labelled
-//     kubernetes.io/service-name=<service name>, addressType IPv4, one
-//     endpoint with address 127.0.0.1 (conditions.ready unset or true), and a
-//     port with the same name ("https") and the port the aggregated server
-//     actually listens on.
-//
-// The aggregator of this Kubernetes version resolves endpoints from
-// EndpointSlices only; a core/v1 Endpoints object is not enough (and cannot
-// hold a loopback address anyway). Use [Cluster.FrontProxy] to configure the
-// aggregated server's request-header authentication.
+// EndpointSlices may not hold loopback addresses, so an aggregated server on
+// 127.0.0.1 cannot be reached through endpoint routing. Start the cluster
+// with WithAPIServerFlags("--enable-aggregator-routing=false") (the default
+// here is true) and register the APIService against a Service of type
+// ExternalName pointing at "localhost", with spec.service.port set to the
+// port the aggregated server listens on: the aggregator then dials
+// localhost:PORT and verifies the serving certificate for
+// <service>.<namespace>.svc. test/e2e/aggregation_test.go does exactly this.
+// Use [Cluster.FrontProxy] to configure the aggregated server's
+// request-header authentication, or let it read the
+// kube-system/extension-apiserver-authentication ConfigMap.
 package testcluster
 
 import (
