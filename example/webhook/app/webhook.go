@@ -1,0 +1,179 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+
+	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/server"
+)
+
+const userAgent = "evercert-example-webhook"
+
+// Webhook is the admission webhook: an HTTPS server (server.Serving, with the
+// CA of --ca-secret) serving the Rule on ValidatePath and MutatePath, a
+// cabundle.Publisher keeping the configurations' caBundle equal to the CA
+// bundle, and, with --register-url, the registration of the configurations.
+type Webhook struct {
+	opts      *Options
+	serving   *server.Serving
+	publisher *cabundle.Publisher
+	client    kubernetes.Interface
+	handler   http.Handler
+
+	// registered is closed once the configurations are registered (at
+	// once without --register-url); ready once, in addition, the caBundle
+	// is published to every configuration.
+	registered, ready chan struct{}
+}
+
+// New validates opts and builds the webhook. Nothing runs until Run.
+func New(opts *Options) (*Webhook, error) {
+	if errs := opts.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	serving, err := opts.Build()
+	if err != nil {
+		return nil, err
+	}
+	if serving.TrustBundle == nil {
+		return nil, errors.New("--ca-secret: the serving certificate has no CA bundle to publish")
+	}
+	restConfig, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rest.AddUserAgent(restConfig, userAgent))
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	svc, _ := opts.serviceRef() // validated above
+	var targets []cabundle.Target
+	if opts.ValidatingWebhookConfiguration != "" {
+		targets = append(targets, cabundle.Target{Kind: cabundle.ValidatingWebhookConfiguration, Name: opts.ValidatingWebhookConfiguration, Service: svc})
+	}
+	if opts.MutatingWebhookConfiguration != "" {
+		targets = append(targets, cabundle.Target{Kind: cabundle.MutatingWebhookConfiguration, Name: opts.MutatingWebhookConfiguration, Service: svc})
+	}
+	publisher, err := cabundle.New(cabundle.Config{Source: serving.TrustBundle, Targets: targets, KubeClient: client})
+	if err != nil {
+		return nil, err
+	}
+	w := &Webhook{opts: opts, serving: serving, publisher: publisher, client: client, registered: make(chan struct{}), ready: make(chan struct{})}
+	if opts.RegisterURL == "" {
+		close(w.registered)
+	}
+	w.handler = w.newHandler()
+	return w, nil
+}
+
+// newHandler routes the admission paths, /healthz, /livez and /metrics
+// (server.Serving.InstallHandlers), and a /readyz that also waits for the
+// configurations to be registered (with --register-url) and their caBundle
+// published: until then the API server could not call or verify the webhook,
+// so it is not ready for traffic. /livez does not wait for it: a
+// webhook that cannot publish (RBAC, say) is broken, not dead, and a restart
+// would not help.
+func (w *Webhook) newHandler() http.Handler {
+	rule := Rule{Namespace: w.opts.TargetNamespace}
+	base := http.NewServeMux()
+	w.serving.InstallHandlers(base)
+	ready := http.NewServeMux()
+	healthz.InstallReadyzHandler(ready,
+		server.ServingCertificateCheck(w.serving.Controller, w.opts.Clock),
+		healthz.NamedCheck("cabundle-published", func(*http.Request) error {
+			select {
+			case <-w.registered:
+			default:
+				return errors.New("the webhook configurations are not registered yet")
+			}
+			select {
+			case <-w.publisher.Ready():
+				return nil
+			default:
+				return errors.New("the caBundle is not yet published to every webhook configuration")
+			}
+		}))
+	mux := http.NewServeMux()
+	mux.Handle("/readyz", ready)
+	mux.Handle("/readyz/", ready)
+	mux.Handle(ValidatePath, AdmissionHandler("validate", rule.Validate))
+	mux.Handle(MutatePath, AdmissionHandler("mutate", rule.Mutate))
+	mux.Handle("/", base)
+	return mux
+}
+
+// Handler returns the webhook's HTTP handler (admission, health, metrics).
+func (w *Webhook) Handler() http.Handler { return w.handler }
+
+// Ready is closed once Run has published the caBundle to every configured
+// webhook configuration and, with --register-url, registered them.
+func (w *Webhook) Ready() <-chan struct{} { return w.ready }
+
+// Listening is closed once the server listens; Addr then says where.
+func (w *Webhook) Listening() <-chan struct{} { return w.serving.Listening() }
+
+// Addr returns the address the server listens on, once Listening is closed.
+func (w *Webhook) Addr() net.Addr { return w.serving.Addr() }
+
+// CABundle returns the CA bundle the webhook publishes now.
+func (w *Webhook) CABundle() []byte { return w.serving.TrustBundle.CurrentCABundleContent() }
+
+// Run serves, publishes and (with --register-url) registers until ctx is
+// done. It returns nil after a clean shutdown.
+func (w *Webhook) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	// Deferred calls run last-in first-out: cancel, then wait.
+	defer wg.Wait()
+	defer cancel()
+
+	wg.Go(func() {
+		if err := w.publisher.Run(ctx); err != nil {
+			klog.ErrorS(err, "caBundle publisher failed")
+		}
+	})
+	wg.Go(func() {
+		for _, c := range []<-chan struct{}{w.registered, w.publisher.Ready()} {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c:
+			}
+		}
+		klog.InfoS("Admission webhook ready: caBundle published")
+		close(w.ready)
+	})
+	wg.Go(func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.Listening():
+		}
+		klog.InfoS("Admission webhook listening", "address", w.Addr().String(), "validate", ValidatePath, "mutate", MutatePath,
+			"validatingWebhookConfiguration", w.opts.ValidatingWebhookConfiguration, "mutatingWebhookConfiguration", w.opts.MutatingWebhookConfiguration)
+		if w.opts.RegisterURL == "" {
+			return
+		}
+		base, err := w.opts.registerBase(w.Addr())
+		if err != nil {
+			klog.ErrorS(err, "--register-url: not registering")
+			return
+		}
+		reg := Registration{BaseURL: base, Validating: w.opts.ValidatingWebhookConfiguration, Mutating: w.opts.MutatingWebhookConfiguration, Namespace: w.opts.TargetNamespace}
+		if reg.registerUntilDone(ctx, w.client, w.CABundle) {
+			close(w.registered)
+		}
+	})
+	return w.serving.Serve(ctx, w.handler)
+}
