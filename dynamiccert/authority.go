@@ -315,6 +315,9 @@ func (a *Authority) reconcileOnce(ctx context.Context) (time.Duration, error) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: a.cfg.Namespace, Name: a.cfg.SecretName},
 			Type:       corev1.SecretTypeTLS,
 		}
+	case err != nil && ctx.Err() != nil:
+		// Shutting down: not a failure of the Secret.
+		return 0, ctx.Err()
 	case err != nil:
 		return 0, a.report.failed(fmt.Errorf("reading CA secret %s: %w", a.src.key, describeAPIError(err)))
 	}
@@ -338,6 +341,9 @@ func (a *Authority) reconcileOnce(ctx context.Context) (time.Duration, error) {
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			return 0, err
+		}
+		if err != nil && ctx.Err() != nil {
+			return 0, ctx.Err()
 		}
 		if err != nil {
 			return 0, a.report.failed(fmt.Errorf("writing CA secret %s: %w", a.src.key, describeAPIError(err)))

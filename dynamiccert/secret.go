@@ -96,6 +96,9 @@ func (s *secretSource) handle(secret *corev1.Secret) error {
 // start-up when it is missing or forbidden.
 func (s *secretSource) runOnce(ctx context.Context) error {
 	secret, err := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace).Get(ctx, s.cfg.SecretName, metav1.GetOptions{})
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err() // cancelled by the caller, not a failure of the Secret
+	}
 	if err != nil {
 		return s.report.failed(fmt.Errorf("reading secret %s: %w", s.key, describeAPIError(err)))
 	}
@@ -121,9 +124,9 @@ func (s *secretSource) run(ctx context.Context) {
 	// Fake clients cannot stream a watch-list; this lets the reflector fall
 	// back to list+watch for them, and changes nothing for real clients.
 	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, s.cfg.Client), &corev1.Secret{}, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
-	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return // the server closed the watch; the reflector re-lists
+	_ = informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
+			return // the server closed the watch (the reflector re-lists), or we are stopping
 		}
 		_ = s.report.failed(fmt.Errorf("watching secret %s: %w", s.key, describeAPIError(err)))
 	})

@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -71,7 +73,11 @@ func FuzzSecretData(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	expired, err := pki.IssueLeaf(ca, pki.Request{CommonName: "old.test", Now: fuzzSecretNow.Add(-2 * time.Hour), Lifetime: time.Hour})
+	oldCA, err := pki.NewCA(pki.Request{CommonName: "old-ca", Now: fuzzSecretNow.Add(-2 * time.Hour), Lifetime: 24 * time.Hour})
+	if err != nil {
+		f.Fatal(err)
+	}
+	expired, err := pki.IssueLeaf(oldCA, pki.Request{CommonName: "old.test", Now: fuzzSecretNow.Add(-2 * time.Hour), Lifetime: time.Hour})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -101,8 +107,25 @@ func FuzzSecretData(f *testing.F) {
 	klog.SetOutput(io.Discard)
 	f.Cleanup(state.Restore)
 
+	// One fake clientset for every input: building one costs milliseconds
+	// (it makes a REST mapper for the whole scheme) and its tracker's Update
+	// runs structured-merge-diff, both heavy under fuzz instrumentation. A
+	// reactor serves the current input to the providers' GET instead. Inputs
+	// run one at a time in a fuzz worker, so a plain variable is enough.
 	good := fuzzSecretObject(leaf.CertPEM, leaf.KeyPEM, ca.CertPEM)
 	ctx := context.Background()
+	client := fake.NewClientset(good.DeepCopy())
+	current := good
+	client.PrependReactor("get", "secrets", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if get, ok := action.(clienttesting.GetAction); !ok || get.GetNamespace() != fuzzNamespace || get.GetName() != fuzzSecret {
+			return false, nil, nil
+		}
+		return true, current.DeepCopy(), nil
+	})
+	setSecret := func(secret *corev1.Secret) {
+		current = secret
+		client.ClearActions() // the fake records every call; keep memory flat
+	}
 
 	f.Fuzz(func(t *testing.T, crt, key, caBundle []byte) {
 		in := fuzzSecretObject(crt, key, caBundle)
@@ -119,7 +142,7 @@ func FuzzSecretData(f *testing.F) {
 		}
 
 		// Fresh providers: nothing served before, nothing after a failure.
-		client := fake.NewClientset(in)
+		setSecret(in)
 		certKey, err := dynamiccert.NewSecretCertKey(fuzzSecretConfig("fuzz-secret-certkey", client))
 		if err != nil {
 			t.Fatal(err)
@@ -157,7 +180,7 @@ func FuzzSecretData(f *testing.F) {
 		}
 
 		// Loaded providers: a failure keeps the last good content.
-		client = fake.NewClientset(good.DeepCopy())
+		setSecret(good)
 		certKey, err = dynamiccert.NewSecretCertKey(fuzzSecretConfig("fuzz-secret-certkey", client))
 		if err != nil {
 			t.Fatal(err)
@@ -172,9 +195,7 @@ func FuzzSecretData(f *testing.F) {
 		if err := caProv.RunOnce(ctx); err != nil {
 			t.Fatalf("good CA: %v", err)
 		}
-		if _, err := client.CoreV1().Secrets(fuzzNamespace).Update(ctx, in, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		setSecret(in)
 		if err := certKey.RunOnce(ctx); err != nil {
 			checkErr("loaded cert/key", err)
 			if c, k := certKey.CurrentCertKeyContent(); !bytes.Equal(c, leaf.CertPEM) || !bytes.Equal(k, leaf.KeyPEM) {
