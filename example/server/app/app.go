@@ -78,10 +78,10 @@ func Run(ctx context.Context, opts *Options, out io.Writer) error {
 	return serving.Serve(ctx, mux)
 }
 
-// selfcheck calls the server's /healthz through a loopback client built
-// once, every interval until ctx is done, and counts the results in
-// evercert_loopback_selfcheck_total. The client keeps trusting the server
-// through every loopback rotation.
+// selfcheck calls the server's /healthz/serving-certificate through a
+// loopback client built once, every interval until ctx is done, and counts
+// the results in evercert_loopback_selfcheck_total. The client keeps
+// trusting the server through every loopback rotation.
 func selfcheck(ctx context.Context, lb *loopback.Certificate, addr string, interval time.Duration) {
 	cfg, err := lb.RestConfig(addr, "")
 	if err != nil {
@@ -104,7 +104,10 @@ func selfcheck(ctx context.Context, lb *loopback.Certificate, addr string, inter
 			return
 		case <-ticker.C:
 		}
-		err := rest.Get().AbsPath("/healthz").Do(ctx).Error()
+		// A single check, not all of /healthz: the loopback health check
+		// itself is in /healthz, and the self-check must measure the TLS
+		// path, not echo the health verdict back.
+		err := rest.Get().AbsPath("/healthz/serving-certificate").Do(ctx).Error()
 		if ctx.Err() != nil {
 			return
 		}
