@@ -106,6 +106,13 @@ func IssueLeaf(ca *Issued, r Request) (*Issued, error) {
 	if notBefore.Before(ca.Cert.NotBefore) {
 		notBefore = ca.Cert.NotBefore
 	}
+	if !notAfter.After(notBefore) {
+		// The CA has expired by r.Now, or becomes valid only after the
+		// requested lifetime: the capped leaf would never be valid.
+		return nil, fmt.Errorf("issuing leaf %q: CA %q (valid %s to %s) does not cover any of the requested validity from %s",
+			r.CommonName, ca.Cert.Subject.CommonName, ca.Cert.NotBefore.UTC().Format(time.RFC3339),
+			ca.Cert.NotAfter.UTC().Format(time.RFC3339), r.Now.UTC().Format(time.RFC3339))
+	}
 	key, err := GenerateKey(r.KeyType)
 	if err != nil {
 		return nil, err
