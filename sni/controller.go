@@ -140,6 +140,21 @@ func (c *DynamicServingCertificateController) GetConfigForClient(*tls.ClientHell
 	return s.config, nil
 }
 
+// GetCertificate implements tls.Config.GetCertificate with the current
+// snapshot's selection (exact name, wildcard, local IP, default), for
+// frameworks that take a GetCertificate hook rather than a whole config,
+// or insist on one being set (controller-runtime's webhook server uses its
+// own certificate watcher unless GetCertificate is set). Prefer
+// GetConfigForClient, which also applies the client CA. Before the first
+// successful sync it returns ErrNotReady.
+func (c *DynamicServingCertificateController) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	s := c.current.Load()
+	if s == nil {
+		return nil, ErrNotReady
+	}
+	return s.getCertificate(hello)
+}
+
 // TLSConfig returns a new clone of base with GetConfigForClient set to
 // c.GetConfigForClient, for http.Server.TLSConfig or tls.NewListener. Each
 // call returns a separate config the caller owns.

@@ -56,3 +56,29 @@ func Example() {
 	// self-signed serving true
 	// api sni false
 }
+
+// ExampleDynamicServingCertificateController_GetCertificate plugs the
+// controller into a framework that takes tls.Config options, such as
+// controller-runtime's webhook.Options.TLSOpts.
+func ExampleDynamicServingCertificateController_GetCertificate() {
+	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"webhook.example.svc"}})
+	if err != nil {
+		panic(err)
+	}
+	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving, nil)
+	if err := ctrl.RunOnce(context.Background()); err != nil {
+		panic(err)
+	}
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.GetConfigForClient = ctrl.GetConfigForClient // selection + client CA
+		c.GetCertificate = ctrl.GetCertificate         // so the framework does not watch files itself
+	}}
+
+	cfg := &tls.Config{}
+	for _, opt := range tlsOpts {
+		opt(cfg)
+	}
+	cert, err := cfg.GetCertificate(&tls.ClientHelloInfo{ServerName: "webhook.example.svc"})
+	fmt.Println(err == nil, cert.Leaf.DNSNames)
+	// Output: true [webhook.example.svc]
+}
