@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit soak soak-short bench verify run fuzz clean
+.PHONY: all build deps test test-unit soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -28,11 +28,20 @@ test-unit: deps
 
 ## soak-short: the soak tests in their short form (part of make test).
 soak-short:
-	$(GO) test -race -count=1 -timeout 20m -tags soak ./test/soak/... -args -soak.duration=15s
+	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="-race" SOAK_ARGS="-soak.duration=15s"
 
 ## soak: the long soak (not part of make test).
 soak:
-	$(GO) test -count=1 -timeout 60m -tags soak ./test/soak/... -v -args -soak.duration=60s -soak.years=10
+	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="" SOAK_ARGS="-soak.duration=60s -soak.years=10"
+
+# soak-run keeps the full log in tmp/soak.log and prints the soak reports
+# (rotations, handshakes, requests, failures, goroutines and heap) and the
+# results; on failure it prints the end of the log too.
+soak-run:
+	@mkdir -p $(CURDIR)/tmp
+	@rc=0; $(GO) test $(SOAK_FLAGS) -v -count=1 -timeout 60m -tags soak ./test/soak/... -args $(SOAK_ARGS) > $(CURDIR)/tmp/soak.log 2>&1 || rc=$$?; \
+	grep -E '^(--- |ok |FAIL|PASS)|soak report' $(CURDIR)/tmp/soak.log; \
+	if [ $$rc -ne 0 ]; then tail -100 $(CURDIR)/tmp/soak.log; fi; exit $$rc
 
 ## bench: benchmarks side by side with upstream and a static tls.Config; writes BENCHMARKS.md.
 bench:
