@@ -34,7 +34,7 @@ for b in "${benches[@]}"; do
   go test -run '^$' -bench "$re" -benchmem -count "$COUNT" -benchtime "$BENCHTIME" "$pkg" | tee -a "$OUT/raw.txt" >&2
 done
 
-"$BIN/benchstat" "$OUT/raw.txt" > "$OUT/all.txt"
+"$BIN/benchstat" tmp/bench/raw.txt > "$OUT/all.txt"
 
 cpu=$(grep -m1 '^cpu:' "$OUT/raw.txt" | cut -d' ' -f2- || true)
 {
