@@ -2,13 +2,9 @@ package loopback_test
 
 import (
 	"crypto/tls"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
-
-	"k8s.io/client-go/rest"
 )
 
 // tlsServer serves whatever p holds now, parsing it on every handshake, over
@@ -34,26 +30,4 @@ func tlsServer(t testing.TB, p interface{ CurrentCertKeyContent() ([]byte, []byt
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
-}
-
-// serialRecorder records the serial of the server leaf each response came
-// over, as seen (and verified) by the client.
-type serialRecorder struct {
-	rt     http.RoundTripper
-	serial *atomic.Pointer[big.Int]
-}
-
-func (s serialRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := s.rt.RoundTrip(req)
-	if err == nil && resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
-		s.serial.Store(resp.TLS.PeerCertificates[0].SerialNumber)
-	}
-	return resp, err
-}
-
-// recordSerials wraps cfg (in place) so responses record the served serial.
-func recordSerials(cfg *rest.Config) *atomic.Pointer[big.Int] {
-	p := new(atomic.Pointer[big.Int])
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return serialRecorder{rt: rt, serial: p} })
-	return p
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -63,7 +64,7 @@ func TestTrustFollowsRotation(t *testing.T) {
 	}
 	var clients []client
 	add := func(name string, cfg *rest.Config, want int, ua string) {
-		serial := recordSerials(cfg)
+		serial := tlstest.RecordServedSerials(cfg)
 		hc, err := rest.HTTPClientFor(cfg)
 		require.NoError(t, err, name)
 		clients = append(clients, client{name: name, hc: hc, want: want, ua: ua, serial: func() string {
@@ -81,7 +82,7 @@ func TestTrustFollowsRotation(t *testing.T) {
 
 	// A clientset built once, used after every rotation.
 	csCfg := rest.CopyConfig(base)
-	csSerial := recordSerials(csCfg)
+	csSerial := tlstest.RecordServedSerials(csCfg)
 	cs, err := kubernetes.NewForConfig(csCfg)
 	require.NoError(t, err)
 

@@ -5,10 +5,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,35 +92,6 @@ func handshake(addr, serverName string, roots *x509.CertPool, now func() time.Ti
 		return nil, errors.New("no certificate")
 	}
 	return certs[0], nil
-}
-
-func pool(t testing.TB, pem []byte) *x509.CertPool {
-	t.Helper()
-	p := x509.NewCertPool()
-	if !p.AppendCertsFromPEM(pem) {
-		t.Fatal("empty CA bundle")
-	}
-	return p
-}
-
-// serialRecorder records the serial of the leaf each response came over.
-type serialRecorder struct {
-	rt     http.RoundTripper
-	serial *atomic.Pointer[big.Int]
-}
-
-func (s serialRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := s.rt.RoundTrip(req)
-	if err == nil && resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
-		s.serial.Store(resp.TLS.PeerCertificates[0].SerialNumber)
-	}
-	return resp, err
-}
-
-func recordSerials(cfg *rest.Config) *atomic.Pointer[big.Int] {
-	p := new(atomic.Pointer[big.Int])
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return serialRecorder{rt: rt, serial: p} })
-	return p
 }
 
 // frozenTimers is a clock whose Now follows the wrapped clock but whose

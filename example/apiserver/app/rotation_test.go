@@ -20,6 +20,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/example/apiserver/app"
+	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -31,7 +32,7 @@ func waitServed(t *testing.T, s *app.Server, want *big.Int, now func() time.Time
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for polls := 1; ; polls++ {
-		leaf, err := handshake(s.Addr, loopback.ServerName, pool(t, s.Loopback.CurrentCABundleContent()), now)
+		leaf, err := handshake(s.Addr, loopback.ServerName, tlstest.Pool(t, s.Loopback.CurrentCABundleContent()), now)
 		require.NoError(t, err)
 		if leaf.SerialNumber.Cmp(want) == 0 {
 			return polls
@@ -80,7 +81,7 @@ func TestLoopbackRotationsFakeClock(t *testing.T) {
 	ctx := context.Background()
 
 	cfg := rest.CopyConfig(s.GenericAPIServer.LoopbackClientConfig)
-	served := recordSerials(cfg)
+	served := tlstest.RecordServedSerials(cfg)
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 	request := func() error {

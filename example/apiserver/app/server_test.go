@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/evercert/evercert/example/apiserver/app"
+	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -45,12 +46,12 @@ func TestServerUpstreamBehaviour(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("loopback certificate is served for its SNI name only", func(t *testing.T) {
-		leaf, err := handshake(s.Addr, loopback.ServerName, pool(t, s.Loopback.CurrentCABundleContent()), time.Now)
+		leaf, err := handshake(s.Addr, loopback.ServerName, tlstest.Pool(t, s.Loopback.CurrentCABundleContent()), time.Now)
 		require.NoError(t, err)
 		assert.Equal(t, s.Loopback.Leaf().SerialNumber, leaf.SerialNumber)
 
 		servingLeaf := s.Serving.Leaf()
-		leaf, err = handshake(s.Addr, "localhost", pool(t, s.Serving.CurrentCABundleContent()), time.Now)
+		leaf, err = handshake(s.Addr, "localhost", tlstest.Pool(t, s.Serving.CurrentCABundleContent()), time.Now)
 		require.NoError(t, err, "localhost gets the normal serving certificate")
 		assert.Equal(t, servingLeaf.SerialNumber, leaf.SerialNumber)
 
