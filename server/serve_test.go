@@ -285,3 +285,16 @@ func TestNoListenerWithoutCertificate(t *testing.T) {
 	require.ErrorContains(t, err, "no serving certificate")
 	assert.Nil(t, s.Addr(), "no listener was opened")
 }
+
+// TestCABundleFileUnwritable fails at start, naming the flag, when the CA
+// bundle file cannot be written, and opens no listener.
+func TestCABundleFileUnwritable(t *testing.T) {
+	o := NewOptions()
+	o.SecurePort = 0
+	o.CABundleFile = filepath.Join(t.TempDir(), "missing-dir", "ca.crt")
+	s, err := o.Build()
+	require.NoError(t, err)
+	err = s.Serve(context.Background(), http.NotFoundHandler())
+	require.ErrorContains(t, err, "--ca-bundle-file: writing CA bundle")
+	assert.Nil(t, s.Addr(), "no listener was opened")
+}
