@@ -89,8 +89,14 @@ func (c *Certificate) Name() string { return c.ss.Name() }
 func (c *Certificate) CurrentCertKeyContent() ([]byte, []byte) { return c.ss.CurrentCertKeyContent() }
 
 // SNINames returns []string{ServerName}: the leaf is selected for that SNI
-// name only, never as a default or for an IP.
+// name only, never as a default or for an IP (see NameOnly).
 func (c *Certificate) SNINames() []string { return c.ss.SNINames() }
+
+// NameOnly returns true: the loopback certificate is an internal identity.
+// evercert's sni controller (sni.NameOnlyProvider) therefore serves it only
+// to clients that send ServerName, never as the default certificate, and
+// lets it win that name whatever the order of the providers.
+func (c *Certificate) NameOnly() bool { return true }
 
 // CurrentCABundleContent returns the PEM bundle of every CA that is still
 // valid, including a successor CA that does not sign yet. Callers must not

@@ -122,7 +122,7 @@ func NewDynamicServingCertificateController(
 		if p == nil {
 			continue
 		}
-		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name()})
+		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name(), nameOnly: isNameOnly(p)})
 		p.AddListener(c)
 	}
 	return c

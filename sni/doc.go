@@ -29,6 +29,11 @@
 //     none, the first SNI certificate in the order given, so the choice is
 //     always the same.
 //
+// A provider that implements NameOnlyProvider (the loopback certificate
+// does) is an internal identity: it is served only for its explicit SNI
+// names, which it wins over every other provider, and never as the default
+// or for an IP.
+//
 // Names follow upstream's rules: names given explicitly with a provider
 // (SNINames) replace the names taken from its certificate, which are the
 // subject CN when it is a DNS name plus the DNS SANs (IP SANs are not

@@ -33,6 +33,9 @@ type certSlot struct {
 	// slot; only SNI slots contribute names to the index.
 	sni  dynamiccertificates.SNICertKeyContentProvider
 	role string
+	// nameOnly is set for a NameOnlyProvider: the slot is never the default
+	// and claims only its explicit, non-IP names (see NameOnlyProvider).
+	nameOnly bool
 	// name is the provider's Name() as of the last refresh.
 	name string
 
@@ -82,6 +85,9 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 		if names := s.sni.SNINames(); !equalFoldNames(s.explicitSeen, names) {
 			s.explicitSeen = lowerNames(names, false)
 			s.explicit = lowerNames(names, true)
+			if s.nameOnly {
+				s.explicit = withoutIPs(s.explicit)
+			}
 			res.changed = true
 		}
 	}
@@ -144,7 +150,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 // names returns the names the slot claims in the SNI index and whether they
 // were given explicitly.
 func (s *certSlot) names() ([]string, bool) {
-	if len(s.explicit) > 0 {
+	if len(s.explicit) > 0 || s.nameOnly {
 		return s.explicit, true
 	}
 	return s.extracted, false

@@ -99,9 +99,10 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 		if slot.pair == nil {
 			continue // never had valid content: left out
 		}
-		if s.def == nil {
+		if s.def == nil && !slot.nameOnly {
 			// No serving certificate: the first valid SNI certificate in the
-			// given order is the default, so the choice never varies.
+			// given order is the default, so the choice never varies. A
+			// name-only certificate is an internal identity, never a default.
 			s.def = &slot.pair.TLS
 			s.defaultIndex = len(s.served)
 		}
@@ -114,16 +115,17 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	}
 
 	s.exact = make(map[string]*tls.Certificate, nNames)
-	// Explicit names first, so that they win over names taken from any
-	// certificate; within each pass the earlier provider wins. This is
-	// upstream's precedence.
-	for _, explicitPass := range []bool{true, false} {
+	// Name-only providers first, so that an internal identity keeps its
+	// names whatever the order; then explicit names, so that they win over
+	// names taken from any certificate; within each pass the earlier
+	// provider wins. The last two passes are upstream's precedence.
+	for pass := range 3 {
 		for _, slot := range in.sni {
 			if slot.pair == nil {
 				continue
 			}
 			names, explicit := slot.names()
-			if explicit != explicitPass {
+			if (pass == 0) != slot.nameOnly || (pass == 1 && !explicit) || (pass == 2 && explicit) {
 				continue
 			}
 			for _, name := range names {
