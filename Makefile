@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -16,7 +16,7 @@ build:
 	$(GO) build ./...
 
 ## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak).
-test: test-unit test-e2e soak-short
+test: test-unit test-alloc test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan).
 deps:
@@ -25,6 +25,15 @@ deps:
 ## test-unit: unit and integration tests with the race detector; real TLS handshakes on 127.0.0.1.
 test-unit: deps
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test-alloc: the zero-allocation promise of the handshake path, checked
+## without -race (the race detector allocates, so these tests are built only
+## without it). Fails if the tests did not run.
+ALLOC_TESTS := ^TestLookupDoesNotAllocate$$
+test-alloc:
+	@mkdir -p $(CURDIR)/tmp
+	$(GO) test -count=1 -v -run '$(ALLOC_TESTS)' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
+	@grep -E '^--- PASS: TestLookupDoesNotAllocate' $(CURDIR)/tmp/alloc.log || { echo 'test-alloc: TestLookupDoesNotAllocate did not run'; cat $(CURDIR)/tmp/alloc.log; exit 1; }
 
 ## soak-short: the soak tests in their short form (part of make test).
 soak-short:

@@ -204,35 +204,6 @@ func TestRunOnceFailsWithNothingValid(t *testing.T) {
 	require.ErrorIs(t, empty.RunOnce(context.Background()), errNothingLoaded)
 }
 
-// TestLookupDoesNotAllocate asserts the hot path's zero-allocation promise
-// for every lookup kind.
-func TestLookupDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	f := newSelectionFixture(t)
-	local := fakeConn{local: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 443}}
-	for _, hello := range []*tls.ClientHelloInfo{
-		{ServerName: "exact.example.com"},
-		{ServerName: "a.wild.example.com"},
-		{ServerName: "a.b.wild.example.com"},
-		{ServerName: "nomatch.test"},
-		{Conn: local},
-		{},
-	} {
-		allocs := testing.AllocsPerRun(200, func() {
-			cfg, err := f.c.GetConfigForClient(hello)
-			if err != nil {
-				panic(err)
-			}
-			if _, err := cfg.GetCertificate(hello); err != nil {
-				panic(err)
-			}
-		})
-		assert.Zero(t, allocs, "server name %q", hello.ServerName)
-	}
-}
-
 func TestGetCertificateLocalIP(t *testing.T) {
 	f := newSelectionFixture(t)
 	cfg, err := f.c.GetConfigForClient(&tls.ClientHelloInfo{})

@@ -1,5 +1,0 @@
-//go:build !race
-
-package sni
-
-const raceEnabled = false

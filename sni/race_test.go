@@ -1,6 +1,0 @@
-//go:build race
-
-package sni
-
-// raceEnabled skips allocation assertions: the race detector allocates.
-const raceEnabled = true
