@@ -132,6 +132,14 @@ func NewDynamicServingCertificateController(
 // the current snapshot's prepared config, shared by all handshakes: callers
 // must not modify it. Before the first successful sync it returns
 // (nil, ErrNotReady). It does not allocate.
+//
+// Use it (or TLSConfig, which sets it) when evercert owns the TLS settings:
+// the returned config replaces the listener's config for the whole
+// handshake, so its version floor, cipher suites, ALPN protocols and client
+// authentication are those of the controller's base config and client CA
+// provider. Setting it on a config that a framework built would silently
+// drop that framework's ClientAuth, ClientCAs, MinVersion and NextProtos;
+// use SetGetCertificate there.
 func (c *DynamicServingCertificateController) GetConfigForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
 	s := c.current.Load()
 	if s == nil {
@@ -141,18 +149,33 @@ func (c *DynamicServingCertificateController) GetConfigForClient(*tls.ClientHell
 }
 
 // GetCertificate implements tls.Config.GetCertificate with the current
-// snapshot's selection (exact name, wildcard, local IP, default), for
-// frameworks that take a GetCertificate hook rather than a whole config,
-// or insist on one being set (controller-runtime's webhook server uses its
-// own certificate watcher unless GetCertificate is set). Prefer
-// GetConfigForClient, which also applies the client CA. Before the first
-// successful sync it returns ErrNotReady.
+// snapshot's selection (exact name, wildcard, local IP, default). Before the
+// first successful sync it returns ErrNotReady. It does not allocate.
+//
+// Use it when a framework owns the tls.Config (controller-runtime's webhook
+// and metrics servers, a genericapiserver, gRPC): only the certificate comes
+// from the controller, and everything else, including client
+// authentication, stays the framework's. The controller's base config and
+// client CA provider then play no part in the handshake.
 func (c *DynamicServingCertificateController) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	s := c.current.Load()
 	if s == nil {
 		return nil, ErrNotReady
 	}
 	return s.getCertificate(hello)
+}
+
+// SetGetCertificate sets cfg.GetCertificate to c.GetCertificate and changes
+// nothing else, so certificates rotate while the caller's settings (client
+// CAs and ClientAuth, MinVersion, cipher suites, NextProtos) stay in force.
+// Its method value fits option lists such as controller-runtime's
+// webhook.Options.TLSOpts:
+//
+//	TLSOpts: []func(*tls.Config){ctrl.SetGetCertificate}
+//
+// cfg must not be in use by a server yet.
+func (c *DynamicServingCertificateController) SetGetCertificate(cfg *tls.Config) {
+	cfg.GetCertificate = c.GetCertificate
 }
 
 // TLSConfig returns a new clone of base with GetConfigForClient set to

@@ -57,10 +57,12 @@ func Example() {
 	// api sni false
 }
 
-// ExampleDynamicServingCertificateController_GetCertificate plugs the
-// controller into a framework that takes tls.Config options, such as
-// controller-runtime's webhook.Options.TLSOpts.
-func ExampleDynamicServingCertificateController_GetCertificate() {
+// ExampleDynamicServingCertificateController_SetGetCertificate plugs the
+// controller into a framework that owns the tls.Config and takes options,
+// such as controller-runtime's webhook.Options.TLSOpts: only the
+// certificate comes from evercert, so the framework's client CA, MinVersion
+// and HTTP/2 setting stay in force.
+func ExampleDynamicServingCertificateController_SetGetCertificate() {
 	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"webhook.example.svc"}})
 	if err != nil {
 		panic(err)
@@ -69,10 +71,8 @@ func ExampleDynamicServingCertificateController_GetCertificate() {
 	if err := ctrl.RunOnce(context.Background()); err != nil {
 		panic(err)
 	}
-	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
-		c.GetConfigForClient = ctrl.GetConfigForClient // selection + client CA
-		c.GetCertificate = ctrl.GetCertificate         // so the framework does not watch files itself
-	}}
+	// webhook.Options{TLSOpts: tlsOpts} in controller-runtime.
+	tlsOpts := []func(*tls.Config){ctrl.SetGetCertificate}
 
 	cfg := &tls.Config{}
 	for _, opt := range tlsOpts {
