@@ -46,4 +46,3 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 		assert.Zero(t, allocs, "controller GetCertificate, server name %q", hello.ServerName)
 	}
 }
-
