@@ -53,6 +53,20 @@ var (
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"result"})
 
+	unsafeRotations = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "unsafe_rotations_total",
+		Help:           "Number of times a CA signed leaves before every observer confirmed it, because no observed CA was valid any more (a pause longer than the CA's life, a clock jump). Clients must refresh their trust.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
+	pendingObservers = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      namespace,
+		Name:           "ca_rotation_pending_observers",
+		Help:           "Number of observers (caBundle targets, bundle files, replicas) that have not yet confirmed the published successor CA; 0 when no successor is waiting.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
 	registerOnce sync.Once
 
 	// served remembers what each provider served last, so that a provider
@@ -66,7 +80,7 @@ var (
 // idempotent, and every other function here calls it.
 func Register() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck)
+		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers)
 	})
 }
 
@@ -113,4 +127,21 @@ func LoopbackSelfcheck(success bool) {
 		result = "error"
 	}
 	loopbackSelfcheck.WithLabelValues(result).Inc()
+}
+
+// UnsafeRotation records that provider let a CA sign before it was
+// observed, because no observed CA was valid any more.
+func UnsafeRotation(provider string) {
+	Register()
+	unsafeRotations.WithLabelValues(provider).Inc()
+}
+
+// PendingObservers records how many observers have not yet confirmed
+// provider's published successor CA (0 when none is waiting). It also makes
+// evercert_unsafe_rotations_total exist at 0, so alerts on increase() work
+// from the start.
+func PendingObservers(provider string, n int) {
+	Register()
+	pendingObservers.WithLabelValues(provider).Set(float64(n))
+	unsafeRotations.WithLabelValues(provider).Add(0)
 }
