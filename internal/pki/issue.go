@@ -35,8 +35,12 @@ type Request struct {
 	IPs      []net.IP
 	// KeyType selects the key algorithm; zero means ECDSAP256.
 	KeyType KeyType
-	// Now is the issuance time; NotBefore is Now-ClockSkew.
+	// Now is the issuance time; NotBefore is Now-Backdate.
 	Now time.Time
+	// Backdate is how far NotBefore lies before Now, so that peers whose
+	// clocks are behind by up to that much accept the certificate. Zero
+	// means ClockSkew; it must not be negative.
+	Backdate time.Duration
 	// Lifetime is NotAfter-Now. It must be positive.
 	Lifetime time.Duration
 }
@@ -48,7 +52,14 @@ func (r Request) validity() (time.Time, time.Time, error) {
 	if r.Now.IsZero() {
 		return time.Time{}, time.Time{}, errors.New("issuance time is not set")
 	}
-	return r.Now.Add(-ClockSkew), r.Now.Add(r.Lifetime), nil
+	backdate := r.Backdate
+	if backdate < 0 {
+		return time.Time{}, time.Time{}, fmt.Errorf("backdate must not be negative, got %v", backdate)
+	}
+	if backdate == 0 {
+		backdate = ClockSkew
+	}
+	return r.Now.Add(-backdate), r.Now.Add(r.Lifetime), nil
 }
 
 // NewSerial returns a random, positive 128-bit serial number.

@@ -645,3 +645,24 @@ func TestSentinelsDistinct(t *testing.T) {
 		}
 	}
 }
+
+func TestRequestBackdate(t *testing.T) {
+	now := time.Now()
+	ca, err := NewCA(Request{CommonName: "skew-ca", Now: now, Lifetime: 24 * time.Hour, Backdate: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ca.Cert.NotBefore.Equal(now.Add(-time.Hour).Truncate(time.Second)) && !ca.Cert.NotBefore.Before(now.Add(-59*time.Minute)) {
+		t.Fatalf("NotBefore %v, want an hour before %v", ca.Cert.NotBefore, now)
+	}
+	leaf, err := IssueLeaf(ca, Request{CommonName: "l", Now: now, Lifetime: time.Hour, Backdate: 2 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf.Cert.NotBefore.Before(ca.Cert.NotBefore) {
+		t.Fatalf("leaf NotBefore %v before its CA's %v", leaf.Cert.NotBefore, ca.Cert.NotBefore)
+	}
+	if _, err := NewCA(Request{CommonName: "neg", Now: now, Lifetime: time.Hour, Backdate: -time.Second}); err == nil {
+		t.Fatal("a negative backdate was accepted")
+	}
+}
