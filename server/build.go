@@ -19,8 +19,9 @@ import (
 )
 
 // Serving is what Options build: the certificate providers, the sni
-// controller that serves them, and the trust bundle clients should use. Run
-// it, then Serve.
+// controller that serves them, and the trust bundle clients should use.
+// Serve runs it and serves HTTPS; an embedder with its own server (a
+// genericapiserver, say) calls Run instead and uses Controller.
 type Serving struct {
 	opts *Options
 
@@ -149,7 +150,8 @@ func (o *Options) kubeClient() (kubernetes.Interface, error) {
 }
 
 // baseTLSConfig is the template every served tls.Config is cloned from:
-// the version floor, the TLS 1.2 suites, and HTTP/2 first in ALPN.
+// the version floor, the TLS 1.2 suites, and HTTP/2 first in ALPN. It
+// refuses a suite list HTTP/2 cannot use, as Validate does.
 func (o *Options) baseTLSConfig() (*tls.Config, error) {
 	minVersion, err := cliflag.TLSVersion(o.MinTLSVersion)
 	if err != nil {
@@ -157,6 +159,11 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 	}
 	suites, err := cliflag.TLSCipherSuites(o.CipherSuites)
 	if err != nil {
+		return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
+	}
+	// The same rule as Validate: http.Server.ServeTLS would refuse this
+	// config only once the listener is open.
+	if err := checkHTTP2CipherSuites(minVersion, suites); err != nil {
 		return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
 	}
 	return &tls.Config{

@@ -52,7 +52,10 @@ type Options struct {
 	// default VersionTLS12.
 	MinTLSVersion string
 	// CipherSuites for TLS 1.2, by name. Flag --tls-cipher-suites, default
-	// DefaultCipherSuites.
+	// DefaultCipherSuites. Validate refuses Go's insecure suites and, below
+	// TLS 1.3, a list without one of the suites HTTP/2 requires
+	// (TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	// TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256): HTTP/2 is always served.
 	CipherSuites []string
 
 	// SelfSignedHosts are the names of the embedded self-signed default,
@@ -116,7 +119,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate and private key file paths, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice. Repeatable.")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "If set, client certificates signed by one of these CAs are verified (presenting one is optional). Reloaded when it changes.")
 	fs.StringVar(&o.MinTLSVersion, "tls-min-version", o.MinTLSVersion, "Minimum TLS version supported. Possible values: "+strings.Join(cliflag.TLSPossibleVersions(), ", "))
-	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of cipher suites for TLS 1.2. Possible values: "+strings.Join(cliflag.TLSCipherPossibleValues(), ", "))
+	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of TLS 1.2 cipher suites (TLS 1.3 suites are always enabled and not configurable). "+
+		"Below --tls-min-version=VersionTLS13 the list must include TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 or TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, "+
+		"which HTTP/2 requires: a list without either is refused (HTTP/2 is never switched off). Go's insecure suites are refused. Possible values: "+strings.Join(acceptedCipherSuites(), ", "))
 	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
 	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
@@ -172,6 +177,10 @@ func (o *Options) Validate() []error {
 		errs = append(errs, fmt.Errorf("--tls-cipher-suites: %w", err))
 	} else if insecure := insecureSuites(suites); len(insecure) > 0 {
 		errs = append(errs, fmt.Errorf("--tls-cipher-suites: insecure suites are not allowed: %s", strings.Join(insecure, ", ")))
+	} else if minVersion, err := cliflag.TLSVersion(o.MinTLSVersion); err == nil {
+		if err := checkHTTP2CipherSuites(minVersion, suites); err != nil {
+			errs = append(errs, fmt.Errorf("--tls-cipher-suites: %w", err))
+		}
 	}
 	if o.usesSelfSigned() || o.CASecret != "" {
 		if len(o.SelfSignedHosts) == 0 {
@@ -201,6 +210,50 @@ func splitNamespacedName(v string) (string, string, error) {
 		return "", "", fmt.Errorf("%q must be namespace/name", v)
 	}
 	return ns, name, nil
+}
+
+// http2RequiredSuites are the TLS 1.2 suites of which net/http's bundled
+// HTTP/2 server (http2ConfigureServer in net/http/h2_bundle.go, Go 1.26)
+// requires at least one.
+var http2RequiredSuites = []uint16{
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+}
+
+// checkHTTP2CipherSuites applies net/http's HTTP/2 rule to a served
+// tls.Config: a non-nil CipherSuites list with MinVersion below TLS 1.3 must
+// contain one of http2RequiredSuites, or http.Server.ServeTLS fails with
+// "http2: TLSConfig.CipherSuites is missing an HTTP/2-required
+// AES_128_GCM_SHA256 cipher". With MinVersion TLS 1.3 crypto/tls ignores
+// the list and so does net/http; a nil list means Go's defaults. evercert
+// always serves HTTP/2, so such a list is refused rather than HTTP/2 being
+// switched off silently.
+func checkHTTP2CipherSuites(minVersion uint16, suites []uint16) error {
+	if suites == nil || minVersion >= tls.VersionTLS13 {
+		return nil
+	}
+	if slices.ContainsFunc(suites, func(id uint16) bool { return slices.Contains(http2RequiredSuites, id) }) {
+		return nil
+	}
+	return fmt.Errorf("HTTP/2 requires %s or %s when --tls-min-version is below VersionTLS13; the list has neither",
+		tls.CipherSuiteName(http2RequiredSuites[1]), tls.CipherSuiteName(http2RequiredSuites[0]))
+}
+
+// acceptedCipherSuites returns the names --tls-cipher-suites lists as
+// possible values: Go's secure TLS 1.2 suites (tls.CipherSuites), sorted.
+// Validate refuses every suite of tls.InsecureCipherSuites (RC4, 3DES, CBC
+// with SHA-256, RSA key exchange), so those are not offered. The names of
+// TLS 1.3 suites are accepted for compatibility with kube-apiserver but
+// ignored, as crypto/tls does not make them configurable.
+func acceptedCipherSuites() []string {
+	var names []string
+	for _, s := range tls.CipherSuites() {
+		if slices.Contains(s.SupportedVersions, tls.VersionTLS12) {
+			names = append(names, s.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 func insecureSuites(ids []uint16) []string {

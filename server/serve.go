@@ -13,17 +13,26 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Serve runs s and serves handler over HTTPS until ctx is done. It opens no
-// listener before the first certificate is loaded. When ctx ends it stops
-// accepting connections and gives in-flight requests up to ShutdownTimeout
-// to finish. It returns nil after a clean shutdown.
+// Serve runs s (see Run) and serves handler over HTTPS until ctx is done
+// or serving fails. It opens no listener before the first certificate is
+// loaded.
+//
+// When ctx ends it stops accepting connections, gives in-flight requests up
+// to Options.ShutdownTimeout to finish, closes what is left, and returns nil
+// after a clean shutdown. When start-up fails it returns at once: the error
+// of Run (no certificate, an unwritable --ca-bundle-file), of the listen
+// ("listening on HOST:PORT: ..."), or of http.Server.ServeTLS ("serving on
+// HOST:PORT: ..."). In every case the goroutines Serve started, Run's
+// included, have stopped when it returns, and Listening is never closed if
+// the listen failed.
 func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
+	var wg sync.WaitGroup
+	// Deferred calls run last-in first-out: cancel first, then wait.
+	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	runErr := make(chan error, 1)
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	wg.Go(func() { runErr <- s.Run(ctx) })
 	select {
 	case <-s.Synced():
@@ -38,6 +47,9 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
+	// http.Server.Serve closes the listener, but ServeTLS can fail before
+	// it gets there (an HTTP/2 set-up error, say).
+	defer ln.Close()
 	s.setAddr(ln.Addr())
 	klog.InfoS("serving on https://"+ln.Addr().String(), "address", ln.Addr().String())
 
@@ -49,16 +61,21 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	}
 	served := make(chan error, 1)
 	// ServeTLS, unlike Serve on a tls.Listener, also sets up HTTP/2.
-	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	wg.Go(func() { served <- srv.ServeTLS(ln, "", "") })
+	var serveErr error
 	select {
 	case err := <-served:
-		return fmt.Errorf("serving on %s: %w", ln.Addr(), err)
+		serveErr = fmt.Errorf("serving on %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
-	shutdownCtx, stop := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
-	defer stop()
+	if serveErr != nil {
+		// Whatever connections are still open get the graceful treatment
+		// too; after a set-up failure there are none.
+		_ = s.shutdown(srv)
+		return serveErr
+	}
 	klog.InfoS("Shutting down; waiting for in-flight requests", "timeout", s.opts.ShutdownTimeout)
-	err = srv.Shutdown(shutdownCtx)
+	err = s.shutdown(srv)
 	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
@@ -68,6 +85,19 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	return nil
 }
 
+// shutdown stops srv gracefully within ShutdownTimeout, then closes any
+// connection still open so that no request outlives Serve's caller for
+// long.
+func (s *Serving) shutdown(srv *http.Server) error {
+	ctx, stop := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer stop()
+	err := srv.Shutdown(ctx)
+	if err != nil {
+		err = errors.Join(err, srv.Close())
+	}
+	return err
+}
+
 // Addr returns the address the server listens on once Listening is closed.
 func (s *Serving) Addr() net.Addr {
 	s.addrMu.Lock()
@@ -75,7 +105,8 @@ func (s *Serving) Addr() net.Addr {
 	return s.addr
 }
 
-// Listening is closed when Serve has opened its listener.
+// Listening is closed when Serve has opened its listener. It stays open if
+// Serve fails before that.
 func (s *Serving) Listening() <-chan struct{} { return s.listening }
 
 func (s *Serving) setAddr(a net.Addr) {

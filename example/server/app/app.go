@@ -46,8 +46,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.LoopbackValidity, "loopback-validity", o.LoopbackValidity, "Lifetime of the loopback certificate (served only for SNI apiserver-loopback-client); it rotates at 2/3 of it.")
 }
 
-// Run serves until ctx is done. It prints the URL, the CA bundle path and a
-// curl line to out once the server listens.
+// Run serves until ctx is done, or returns the start-up error (a bad flag,
+// a port in use) at once. It prints the URL, the CA bundle path and a curl
+// line to out once the server listens.
 func Run(ctx context.Context, opts *Options, out io.Writer) error {
 	lb, err := loopback.New(loopback.Options{Validity: opts.LoopbackValidity, Clock: opts.Clock})
 	if err != nil {
@@ -63,7 +64,12 @@ func Run(ctx context.Context, opts *Options, out io.Writer) error {
 	mux.Handle("/{$}", statusPage(serving, opts.Clock))
 
 	var wg sync.WaitGroup
+	// Deferred calls run last-in first-out: when Serve returns (a failed
+	// listen, say) the banner and self-check goroutine is cancelled first,
+	// then waited for.
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():
