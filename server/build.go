@@ -189,7 +189,7 @@ func (s *Serving) Run(ctx context.Context) error {
 	}
 	var writer *bundleFileWriter
 	if s.opts.CABundleFile != "" && s.TrustBundle != nil {
-		writer = newBundleFileWriter(s.opts.CABundleFile, s.TrustBundle)
+		writer = newBundleFileWriter(s.opts.CABundleFile, s.TrustBundle, s.opts.Clock)
 		if err := writer.write(); err != nil {
 			return fmt.Errorf("--ca-bundle-file: %w", err)
 		}

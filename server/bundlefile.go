@@ -3,12 +3,30 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/certmetrics"
+)
+
+// bundleFileKind is the kind label of the --ca-bundle-file writes in
+// evercert_cabundle_publish_total: result "success" for each write, "error"
+// for each failed one.
+const bundleFileKind = "CABundleFile"
+
+// Retries of a failed bundle file write back off from bundleFileRetryInitial
+// to bundleFileRetryCap (plus jitter), on the injected clock.
+const (
+	bundleFileRetryInitial = time.Second
+	bundleFileRetryCap     = 5 * time.Minute
 )
 
 // bundleFileWriter keeps a file equal to a CA provider's bundle, so clients
@@ -16,12 +34,13 @@ import (
 type bundleFileWriter struct {
 	path    string
 	source  dynamiccertificates.CAContentProvider
+	clock   clock.WithTicker
 	changed chan struct{}
 	written []byte
 }
 
-func newBundleFileWriter(path string, source dynamiccertificates.CAContentProvider) *bundleFileWriter {
-	w := &bundleFileWriter{path: path, source: source, changed: make(chan struct{}, 1)}
+func newBundleFileWriter(path string, source dynamiccertificates.CAContentProvider, clk clock.WithTicker) *bundleFileWriter {
+	w := &bundleFileWriter{path: path, source: source, clock: clk, changed: make(chan struct{}, 1)}
 	source.AddListener(w)
 	return w
 }
@@ -35,48 +54,107 @@ func (w *bundleFileWriter) Enqueue() {
 	}
 }
 
+// run writes the bundle at every change until ctx is done. A failed write
+// is retried with exponential backoff on w.clock until one succeeds; a
+// change in between is written at once (and, failing, keeps backing off).
+// Each distinct error is logged once, and recovery is logged.
 func (w *bundleFileWriter) run(ctx context.Context) {
+	b := backoff.New(bundleFileRetryInitial, bundleFileRetryCap)
+	var (
+		retry   clock.Timer // non-nil while a retry is pending
+		lastErr string
+	)
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
 	for {
+		var retryC <-chan time.Time
+		if retry != nil {
+			retryC = retry.C()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.changed:
-			if err := w.write(); err != nil {
-				klog.ErrorS(err, "Writing CA bundle file failed; clients may not trust the next certificate", "path", w.path)
-			}
+		case <-retryC:
 		}
+		if retry != nil {
+			retry.Stop()
+			retry = nil
+		}
+		err := w.write()
+		if err == nil {
+			if lastErr != "" {
+				klog.InfoS("Wrote CA bundle file after failures", "path", w.path)
+				lastErr = ""
+			}
+			b.Reset()
+			continue
+		}
+		delay := b.Next(err)
+		if err.Error() != lastErr {
+			klog.ErrorS(err, "Writing CA bundle file failed; clients may not trust the next certificate until it succeeds. Retrying with backoff", "path", w.path, "retryIn", delay)
+			lastErr = err.Error()
+		}
+		retry = w.clock.NewTimer(delay)
 	}
 }
 
 // write replaces the file atomically (temp file + rename in the same
 // directory) so a reader never sees a partial bundle. The bundle is public
-// data: 0644.
+// data: 0644. It counts every attempt that had something to write in
+// evercert_cabundle_publish_total{kind="CABundleFile"}. Errors do not name
+// the random temporary file, so that a repeated failure reads the same.
 func (w *bundleFileWriter) write() error {
 	bundle := w.source.CurrentCABundleContent()
 	if bytes.Equal(bundle, w.written) {
 		return nil
 	}
+	if err := w.replace(bundle); err != nil {
+		certmetrics.CABundlePublished(bundleFileKind, "error")
+		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+	}
+	certmetrics.CABundlePublished(bundleFileKind, "success")
+	w.written = bundle
+	klog.V(2).InfoS("Wrote CA bundle file", "path", w.path, "bytes", len(bundle))
+	return nil
+}
+
+func (w *bundleFileWriter) replace(bundle []byte) error {
 	dir := filepath.Dir(w.path)
 	tmp, err := os.CreateTemp(dir, ".ca-bundle-*")
 	if err != nil {
-		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+		return fmt.Errorf("creating a temporary file in %s: %w", dir, pathErrCause(err))
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
 	if _, err := tmp.Write(bundle); err != nil {
 		tmp.Close()
-		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+		return fmt.Errorf("writing a temporary file in %s: %w", dir, pathErrCause(err))
 	}
 	if err := tmp.Chmod(0o644); err != nil {
 		tmp.Close()
-		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+		return fmt.Errorf("chmod of a temporary file in %s: %w", dir, pathErrCause(err))
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+		return fmt.Errorf("closing a temporary file in %s: %w", dir, pathErrCause(err))
 	}
 	if err := os.Rename(tmp.Name(), w.path); err != nil {
-		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
+		return fmt.Errorf("renaming a temporary file to %s: %w", w.path, pathErrCause(err))
 	}
-	w.written = bundle
-	klog.V(2).InfoS("Wrote CA bundle file", "path", w.path, "bytes", len(bundle))
 	return nil
+}
+
+// pathErrCause strips the path (a random temporary name) from os errors.
+func pathErrCause(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
 }
