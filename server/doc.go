@@ -15,4 +15,43 @@
 //	mux := http.NewServeMux()
 //	serving.InstallHandlers(mux)
 //	err = serving.Serve(ctx, mux)
+//
+// # Start-up errors
+//
+// Serve returns start-up errors at once instead of serving nothing: no
+// certificate, an unwritable --ca-bundle-file, a port in use ("listening on
+// HOST:PORT: ..."), or a TLS configuration net/http refuses ("serving on
+// HOST:PORT: ..."). Options.Validate already refuses what it can: HTTP/2 is
+// always served, so below TLS 1.3 a --tls-cipher-suites list must contain
+// TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 or
+// TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, as net/http's HTTP/2 server
+// requires; a list without either is refused, naming the flag, rather than
+// HTTP/2 being switched off. Go's insecure suites (tls.InsecureCipherSuites)
+// are refused too, and --help does not offer them.
+//
+// # Health endpoints
+//
+// InstallHandlers serves /livez, /readyz and /healthz:
+//
+//   - serving-certificate (fails before the first certificate is loaded and
+//     while any served certificate has expired) is on /readyz and /healthz,
+//     not /livez: an expired certificate from a file or a Secret comes back
+//     unchanged after a restart, so on /livez it would only restart-loop
+//     the pod.
+//   - a caller's liveness checks (InstallHandlers' checks, or
+//     HealthChecks.Liveness) are on all three.
+//   - a caller's readiness checks (HealthChecks.Readiness, through
+//     InstallHandlersWithChecks) are on /readyz and /healthz only.
+//
+// Probe /livez for liveness and /readyz for readiness; /healthz is the
+// legacy endpoint that reports every check.
+//
+// # CA bundle file
+//
+// With --ca-bundle-file the trust bundle is written at start-up (failure is
+// a start-up error) and at every change. A later failed write is retried
+// with exponential backoff and jitter (1s doubling to 5 min) on
+// Options.Clock until it succeeds; each distinct error is logged once, and
+// every write is counted in
+// evercert_cabundle_publish_total{kind="CABundleFile",result="success"|"error"}.
 package server

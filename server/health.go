@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,12 +16,19 @@ import (
 	"github.com/evercert/evercert/sni"
 )
 
+// ServingCertificateCheckName is the name of ServingCertificateCheck.
+const ServingCertificateCheckName = "serving-certificate"
+
 // ServingCertificateCheck returns the health check "serving-certificate". It
 // fails before the controller's first sync and whenever any certificate the
 // controller serves has expired at clk's time; the message names which.
-// It fits k8s.io/apiserver's healthz, readyz and livez handlers.
+//
+// It is a readiness check, for /readyz and /healthz, never /livez: an
+// expired certificate from a file or a Secret is fixed by whoever renews
+// that file or Secret, and a restart would only bring the same certificate
+// back (a restart loop, with the old one still served in between).
 func ServingCertificateCheck(c *sni.DynamicServingCertificateController, clk clock.PassiveClock) healthz.HealthChecker {
-	return healthz.NamedCheck("serving-certificate", func(*http.Request) error {
+	return healthz.NamedCheck(ServingCertificateCheckName, func(*http.Request) error {
 		if !c.HasSynced() {
 			return errors.New("no serving certificate loaded yet")
 		}
@@ -40,14 +48,46 @@ func ServingCertificateCheck(c *sni.DynamicServingCertificateController, clk clo
 	})
 }
 
-// InstallHandlers adds /healthz, /livez and /readyz (each with the
-// serving-certificate check plus checks) and /metrics (the legacyregistry,
-// where evercert's metrics live) to mux.
+// HealthChecks are a caller's own checks for InstallHandlersWithChecks,
+// grouped by what a failure calls for.
+type HealthChecks struct {
+	// Liveness checks fail only when a restart would help: a rotation loop
+	// that stalled, say (loopback's HealthCheck). They are served on /livez,
+	// /readyz and /healthz, as a genericapiserver's AddHealthChecks does.
+	Liveness []healthz.HealthChecker
+	// Readiness checks fail while the server should get no traffic but a
+	// restart would not help: a caBundle not yet published, an expired
+	// certificate someone else must renew. They are served on /readyz and
+	// /healthz, never on /livez.
+	Readiness []healthz.HealthChecker
+}
+
+// InstallHandlers adds /healthz, /livez, /readyz and /metrics (the
+// legacyregistry, where evercert's metrics live) to mux. checks are
+// liveness checks, served on all three health endpoints; see
+// InstallHandlersWithChecks for readiness-only checks and for which check
+// is on which endpoint.
 func (s *Serving) InstallHandlers(mux *http.ServeMux, checks ...healthz.HealthChecker) {
+	s.InstallHandlersWithChecks(mux, HealthChecks{Liveness: checks})
+}
+
+// InstallHandlersWithChecks adds the health endpoints and /metrics to mux:
+//
+//   - /livez: checks.Liveness only (a ping when there are none). A failing
+//     /livez should make the kubelet restart the process, so nothing a
+//     restart cannot fix is on it.
+//   - /readyz: serving-certificate, checks.Liveness and checks.Readiness.
+//   - /healthz: the same as /readyz; it is the legacy endpoint that reports
+//     every check, not a liveness probe.
+//
+// Each check is also served on its own, as /readyz/NAME and so on.
+func (s *Serving) InstallHandlersWithChecks(mux *http.ServeMux, checks HealthChecks) {
 	certmetrics.Register()
-	all := append([]healthz.HealthChecker{ServingCertificateCheck(s.Controller, s.opts.Clock)}, checks...)
+	live := slices.Clone(checks.Liveness)
+	all := append([]healthz.HealthChecker{ServingCertificateCheck(s.Controller, s.opts.Clock)}, checks.Liveness...)
+	all = append(all, checks.Readiness...)
 	healthz.InstallHandler(mux, all...)
-	healthz.InstallLivezHandler(mux, all...)
+	healthz.InstallLivezHandler(mux, live...)
 	healthz.InstallReadyzHandler(mux, all...)
 	mux.Handle("/metrics", legacyregistry.Handler())
 }

@@ -77,20 +77,17 @@ func New(opts *Options) (*Webhook, error) {
 	return w, nil
 }
 
-// newHandler routes the admission paths, /healthz, /livez and /metrics
-// (server.Serving.InstallHandlers), and a /readyz that also waits for the
-// configurations to be registered (with --register-url) and their caBundle
-// published: until then the API server could not call or verify the webhook,
-// so it is not ready for traffic. /livez does not wait for it: a
-// webhook that cannot publish (RBAC, say) is broken, not dead, and a restart
-// would not help.
+// newHandler routes the admission paths, the health endpoints and /metrics
+// (server.Serving.InstallHandlersWithChecks). The readiness check
+// "cabundle-published" waits for the configurations to be registered (with
+// --register-url) and their caBundle published: until then the API server
+// could not call or verify the webhook, so it is not ready for traffic. It
+// is on /readyz and /healthz but not on /livez: a webhook that cannot
+// publish (RBAC, say) is broken, not dead, and a restart would not help.
 func (w *Webhook) newHandler() http.Handler {
 	rule := Rule{Namespace: w.opts.TargetNamespace}
-	base := http.NewServeMux()
-	w.serving.InstallHandlers(base)
-	ready := http.NewServeMux()
-	healthz.InstallReadyzHandler(ready,
-		server.ServingCertificateCheck(w.serving.Controller, w.opts.Clock),
+	mux := http.NewServeMux()
+	w.serving.InstallHandlersWithChecks(mux, server.HealthChecks{Readiness: []healthz.HealthChecker{
 		healthz.NamedCheck("cabundle-published", func(*http.Request) error {
 			select {
 			case <-w.registered:
@@ -103,13 +100,10 @@ func (w *Webhook) newHandler() http.Handler {
 			default:
 				return errors.New("the caBundle is not yet published to every webhook configuration")
 			}
-		}))
-	mux := http.NewServeMux()
-	mux.Handle("/readyz", ready)
-	mux.Handle("/readyz/", ready)
+		}),
+	}})
 	mux.Handle(ValidatePath, AdmissionHandler("validate", rule.Validate))
 	mux.Handle(MutatePath, AdmissionHandler("mutate", rule.Mutate))
-	mux.Handle("/", base)
 	return mux
 }
 
@@ -130,7 +124,8 @@ func (w *Webhook) Addr() net.Addr { return w.serving.Addr() }
 func (w *Webhook) CABundle() []byte { return w.serving.TrustBundle.CurrentCABundleContent() }
 
 // Run serves, publishes and (with --register-url) registers until ctx is
-// done. It returns nil after a clean shutdown.
+// done. It returns nil after a clean shutdown, and a start-up error (no CA,
+// the port in use) at once, after stopping everything it started.
 func (w *Webhook) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
