@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -174,8 +175,12 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.report = src.report
+	// Reconcile errors and watch errors are reported apart: each stream
+	// logs its distinct errors once. Sharing one reporter would make the
+	// two messages alternate, and every alternation is logged again.
+	a.report = &reporter{name: cfg.Name}
 	src.process = func(*corev1.Secret) error {
+		src.report.succeeded() // an event arrived: the watch works
 		a.Enqueue()
 		return nil
 	}
@@ -236,7 +241,9 @@ func (a *Authority) RenewAt() time.Time {
 	return a.leaf.Cert.NotAfter.Add(-a.cfg.RenewBefore)
 }
 
-// LastError returns the last error, nil after a successful reconcile.
+// LastError returns the last reconcile error, nil after a successful
+// reconcile. Watch errors are logged (each distinct one once) and counted,
+// but decisions rest on the reconcile's own GET.
 func (a *Authority) LastError() error { return a.report.lastError() }
 
 // Enqueue asks the run loop to reconcile soon. Requests coalesce.
@@ -256,27 +263,70 @@ func (a *Authority) RunOnce(ctx context.Context) error {
 }
 
 // Run follows the Secret and rotates until ctx is done. workers is ignored.
+//
+// A failed reconcile is retried with backoff (internal/backoff: exponential,
+// jittered, capped, at least a 429's Retry-After) on the configured clock.
+// While it backs off, watch events wait for the backoff to end, so a chatty
+// watch cannot turn the retries into a hot loop; when healthy, an event
+// reconciles at once.
 func (a *Authority) Run(ctx context.Context, _ int) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	// The watch only kicks the loop; reconcile reads with a GET so that it
 	// always decides on the newest resourceVersion.
 	wg.Go(func() { a.src.run(ctx) })
+	retry := newIssuerRetry()
 	for {
-		wait, err := a.reconcile(ctx)
-		if err != nil {
-			wait = min(wait, time.Second)
+		// The GET below covers every event so far.
+		select {
+		case <-a.kick:
+		default:
 		}
-		t := a.cfg.Clock.NewTimer(min(max(wait, 0), a.cfg.CheckInterval))
+		next, err := a.reconcile(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait, backingOff := retry.after(next, err, a.cfg.CheckInterval)
+		kick := a.kick
+		if backingOff {
+			kick = nil // an event is served when the backoff ends
+			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+				klog.V(2).InfoS("CA secret keeps changing underneath us; backing off", "provider", a.cfg.Name, "retryIn", wait)
+			}
+		}
+		t := a.cfg.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-a.kick:
+		case <-kick:
 			t.Stop()
 		case <-t.C():
 		}
 	}
+}
+
+// issuerRetry decides how long a rotation loop (Authority.Run,
+// SelfSigned.Run) sleeps after a pass: until the next deadline, at most the
+// check interval, after a success; the next backoff delay after a failure.
+// It is owned by one loop.
+type issuerRetry struct {
+	backoff *backoff.Backoff
+}
+
+func newIssuerRetry() *issuerRetry {
+	return &issuerRetry{backoff: backoff.New(backoff.DefaultInitial, backoff.DefaultCap)}
+}
+
+// after returns the wait after a pass that ended with err and, on success,
+// next until its next deadline. backingOff reports a failure: the wait is a
+// backoff delay, which neither the check interval nor an event may shorten.
+func (r *issuerRetry) after(next time.Duration, err error, checkInterval time.Duration) (wait time.Duration, backingOff bool) {
+	if err != nil {
+		return r.backoff.Next(err), true
+	}
+	r.backoff.Reset()
+	return min(max(next, 0), checkInterval), false
 }
 
 // reconcile brings the Secret and this replica's leaf up to date, and

@@ -253,14 +253,12 @@ func (s *SelfSigned) Run(ctx context.Context, _ int) {
 	logger := klog.FromContext(ctx).WithValues("provider", s.cfg.Name)
 	logger.V(2).Info("Starting self-signed certificate rotation")
 	defer logger.V(2).Info("Stopped self-signed certificate rotation")
+	retry := newIssuerRetry()
 	for {
-		wait, err := s.check()
-		if err != nil {
-			// Generation only fails on an exhausted entropy source or a bug;
-			// retry soon, still serving the current certificate.
-			wait = min(wait, time.Second)
-		}
-		wait = min(max(wait, 0), s.cfg.CheckInterval)
+		next, err := s.check()
+		// Generation only fails on an exhausted entropy source or a bug;
+		// retry with backoff, still serving the current certificate.
+		wait, _ := retry.after(next, err, s.cfg.CheckInterval)
 		t := s.cfg.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
