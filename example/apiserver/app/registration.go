@@ -3,7 +3,6 @@ package app
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,12 +12,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/cabundle"
 	certv1alpha1 "github.com/evercert/evercert/example/apiserver/apis/certificates/v1alpha1"
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 // Registration settings of the APIService.
@@ -34,7 +36,9 @@ const (
 	RegistrationHookName = "evercert-apiservice-registration"
 )
 
-// Backoff of registration retries (API server down, RBAC missing, ...).
+// Backoff of registration retries (API server down, RBAC missing, ...):
+// doubling from the base to the max delay, with jitter, and at least a
+// 429's Retry-After (internal/backoff).
 const (
 	registrationBaseDelay = 200 * time.Millisecond
 	registrationMaxDelay  = 30 * time.Second
@@ -70,6 +74,8 @@ type registration struct {
 	// certificate is run by the server.
 	sourceRunner dynamiccertificates.ControllerRunner
 	publisher    *cabundle.Publisher
+	// clock times the retries; nil is the real clock. Tests set a fake one.
+	clock clock.Clock
 }
 
 // newRegistration builds the clients and the publisher for the APIService
@@ -110,28 +116,8 @@ func (r *registration) run(ctx context.Context) {
 		wg.Go(func() { r.sourceRunner.Run(ctx, 1) })
 	}
 
-	delay := registrationBaseDelay
-	lastErr := ""
-	for {
-		err := r.ensure(ctx)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err.Error() != lastErr {
-			logger.Error(err, "Registering the APIService failed; retrying", "retryIn", delay)
-			lastErr = err.Error()
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(2*delay, registrationMaxDelay)
+	if !r.ensureUntilDone(ctx) {
+		return
 	}
 	logger.Info("APIService registered", "service", r.namespace+"/"+r.name, "port", r.port)
 	if err := r.publisher.Run(ctx); err != nil {
@@ -139,11 +125,52 @@ func (r *registration) run(ctx context.Context) {
 	}
 }
 
+// ensureUntilDone calls ensure with backoff until it succeeds (true) or ctx
+// ends (false). Each distinct error is logged once.
+func (r *registration) ensureUntilDone(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
+	clk := r.clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	delays := backoff.New(registrationBaseDelay, registrationMaxDelay)
+	lastErr := ""
+	for {
+		err := r.ensure(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		delay := delays.Next(err)
+		if err.Error() != lastErr {
+			logger.Error(err, "Registering the APIService failed; retrying", "retryIn", delay)
+			lastErr = err.Error()
+		}
+		t := clk.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
+	}
+}
+
 // ensure creates the APIService with the current bundle, or updates an
 // existing one whose spec differs (a wrong service, group, version or
 // priority, insecureSkipTLSVerify set, or no caBundle). A caBundle that is
-// merely stale is left to the publisher.
+// merely stale is left to the publisher. A concurrent writer (a conflict,
+// or AlreadyExists on create) means re-read and decide again, promptly and
+// a few times (retry.DefaultRetry, as RetryOnConflict); it is an error only
+// if it persists.
 func (r *registration) ensure(ctx context.Context) error {
+	concurrentWrite := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	return retry.OnError(retry.DefaultRetry, concurrentWrite, func() error { return r.ensureOnce(ctx) })
+}
+
+func (r *registration) ensureOnce(ctx context.Context) error {
 	bundle := r.source.CurrentCABundleContent()
 	if len(bundle) == 0 {
 		return fmt.Errorf("the CA provider %q has no bundle yet", r.source.Name())
@@ -173,7 +200,7 @@ func (r *registration) ensure(ctx context.Context) error {
 	}
 	if _, err := apiServices.Update(ctx, updated, metav1.UpdateOptions{FieldManager: cabundle.DefaultFieldManager}); err != nil {
 		if apierrors.IsConflict(err) {
-			return errors.New("APIService " + APIServiceName + " changed while being updated")
+			return fmt.Errorf("APIService %s changed while being updated: %w", APIServiceName, err)
 		}
 		return fmt.Errorf("updating APIService %s: %w", APIServiceName, err)
 	}

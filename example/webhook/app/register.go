@@ -12,7 +12,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 // Labels of the configurations the webhook registers itself (--register-url).
@@ -208,11 +211,24 @@ func (r Registration) registerMutating(ctx context.Context, client kubernetes.In
 	})
 }
 
-// registerUntilDone calls Register with backoff (up to 30 s between
-// attempts) until it succeeds (true) or ctx ends (false). bundle is read at
-// each attempt. Each distinct error is logged once.
+// Backoff of registerUntilDone (API server down, RBAC missing, ...): from
+// registerInitialDelay doubling up to registerMaxDelay, with jitter, and at
+// least a 429's Retry-After (internal/backoff).
+const (
+	registerInitialDelay = 200 * time.Millisecond
+	registerMaxDelay     = 30 * time.Second
+)
+
+// registerUntilDone calls Register with backoff until it succeeds (true) or
+// ctx ends (false). bundle is read at each attempt. Each distinct error is
+// logged once.
 func (r Registration) registerUntilDone(ctx context.Context, client kubernetes.Interface, bundle func() []byte) bool {
-	delay := 200 * time.Millisecond
+	return r.registerUntilDoneOn(ctx, clock.RealClock{}, client, bundle)
+}
+
+// registerUntilDoneOn is registerUntilDone waiting on clk.
+func (r Registration) registerUntilDoneOn(ctx context.Context, clk clock.Clock, client kubernetes.Interface, bundle func() []byte) bool {
+	delays := backoff.New(registerInitialDelay, registerMaxDelay)
 	var last string
 	for {
 		err := r.Register(ctx, client, bundle())
@@ -222,17 +238,17 @@ func (r Registration) registerUntilDone(ctx context.Context, client kubernetes.I
 		if ctx.Err() != nil {
 			return false
 		}
+		delay := delays.Next(err)
 		if err.Error() != last {
 			klog.ErrorS(err, "Registering the webhook configurations failed; will retry", "backoff", delay)
 			last = err.Error()
 		}
-		t := time.NewTimer(delay)
+		t := clk.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return false
-		case <-t.C:
+		case <-t.C():
 		}
-		delay = min(2*delay, 30*time.Second)
 	}
 }
