@@ -1,26 +1,25 @@
 package dynamiccert
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
+	"os"
+	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/backoff"
-	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -33,7 +32,7 @@ const (
 	AuthorityNextCertKey = "next.crt"
 	AuthorityNextKeyKey  = "next.key"
 	// AuthorityNextSinceAnnotation records when the successor joined ca.crt
-	// (RFC 3339), so every replica agrees when it starts signing.
+	// (RFC 3339), so every replica agrees when its minimum delay ends.
 	AuthorityNextSinceAnnotation = "evercert.io/next-ca-published-at"
 )
 
@@ -44,9 +43,11 @@ type AuthorityConfig struct {
 	Name string
 	// Namespace and SecretName name the CA Secret. Required.
 	Namespace, SecretName string
-	// Client reads and writes the Secret. Required. RBAC: get, list, watch,
-	// update on the Secret (resourceNames can limit these) and create on
-	// secrets in the namespace unless DisableCreate.
+	// Client reads and writes the Secret and the replica Leases. Required.
+	// RBAC: get, list, watch, update on the Secret (resourceNames can limit
+	// these), create on secrets in the namespace unless DisableCreate, and
+	// get, list, watch, create, update on leases.coordination.k8s.io in the
+	// namespace unless DisableReplicaAnnouncements.
 	Client kubernetes.Interface
 	// DisableCreate makes the Authority wait for a pre-created Secret
 	// instead of creating it. It says so once in the log, then waits quietly.
@@ -62,16 +63,37 @@ type AuthorityConfig struct {
 	// Lifetime and RenewBefore of the leaf. Default 7 days and Lifetime/3.
 	Lifetime, RenewBefore time.Duration
 	// CALifetime and CARenewBefore of each CA. Default 8*Lifetime and
-	// CALifetime/3. CARenewBefore must exceed RenewBefore plus
-	// PropagationDelay.
+	// CALifetime/3.
 	CALifetime, CARenewBefore time.Duration
-	// PropagationDelay is how long a new CA is in ca.crt before it signs, so
-	// every client (and caBundle) has it first. Default
-	// (CARenewBefore-RenewBefore)/2.
+	// PropagationDelay is the minimum time a successor CA is in ca.crt
+	// before it signs, for consumers evercert cannot observe. The successor
+	// also waits for every Observer and every live replica; the delay is
+	// lengthened by SkewTolerance because replicas' clocks may disagree.
+	// Default (CARenewBefore-RenewBefore)/4.
 	PropagationDelay time.Duration
+	// SkewTolerance is the clock skew tolerated between replicas and
+	// clients. Default one hour, or RenewBefore/4 when shorter. See
+	// SelfSignedConfig.SkewTolerance.
+	SkewTolerance time.Duration
 	// CheckInterval bounds the time between wall-clock checks. Default one
 	// minute, or Lifetime/10 when shorter.
 	CheckInterval time.Duration
+	// Observers confirm that a published successor CA has reached the
+	// consumers they stand for (see Observer and AddObserver).
+	Observers []Observer
+	// ReplicaID names this replica in its Lease and in Status. Default the
+	// host name (the pod name) with a random suffix.
+	ReplicaID string
+	// LeaseDuration is how long a replica's announcement counts as live
+	// after this replica last saw it renewed; replicas renew every third of
+	// it. Default 3*CheckInterval, at least 15s.
+	LeaseDuration time.Duration
+	// DisableReplicaAnnouncements turns the replica Leases off: a successor
+	// then waits only for the local Observers and PropagationDelay.
+	DisableReplicaAnnouncements bool
+	// EventRecorder, when set, receives a Warning Event about the CA Secret
+	// on an unsafe rotation.
+	EventRecorder events.EventRecorder
 	// Clock drives rotation and validity. Default clock.RealClock{}.
 	Clock clock.WithTicker
 }
@@ -99,14 +121,24 @@ func (c *AuthorityConfig) complete() error {
 	ss := SelfSignedConfig{
 		Name: c.Name, CommonName: c.CommonName, Hosts: c.Hosts, KeyType: c.KeyType,
 		Lifetime: c.Lifetime, RenewBefore: c.RenewBefore, CALifetime: c.CALifetime,
-		CARenewBefore: c.CARenewBefore, PropagationDelay: c.PropagationDelay,
+		CARenewBefore: c.CARenewBefore, PropagationDelay: c.PropagationDelay, SkewTolerance: c.SkewTolerance,
 		CheckInterval: c.CheckInterval, Clock: c.Clock,
 	}
 	if err := ss.complete(); err != nil {
 		return err
 	}
 	c.CommonName, c.KeyType, c.RenewBefore, c.CARenewBefore = ss.CommonName, ss.KeyType, ss.RenewBefore, ss.CARenewBefore
-	c.PropagationDelay, c.CheckInterval, c.Clock = ss.PropagationDelay, ss.CheckInterval, ss.Clock
+	c.PropagationDelay, c.SkewTolerance, c.CheckInterval, c.Clock = ss.PropagationDelay, ss.SkewTolerance, ss.CheckInterval, ss.Clock
+	if c.ReplicaID == "" {
+		host, _ := os.Hostname()
+		c.ReplicaID = defaultReplicaID(host, uuid.NewString()[:8])
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = max(3*c.CheckInterval, 15*time.Second)
+	}
+	if c.LeaseDuration < time.Second {
+		return fmt.Errorf("lease duration %v must be at least one second", c.LeaseDuration)
+	}
 	return nil
 }
 
@@ -115,33 +147,25 @@ func (c *AuthorityConfig) complete() error {
 // never leaves the Secret and the processes that use it; leaf keys never
 // leave their process.
 //
-// CA rotation overlaps: a successor CA first joins ca.crt, signs only
-// PropagationDelay later, and the old CA stays in ca.crt until it expires.
-// Replicas converge with optimistic concurrency (resourceVersion): a write
-// conflict means re-read and recompute, not an error, and because every
-// decision is a pure function of the Secret and the clock, replicas do not
-// undo each other's writes.
+// CA rotation is observed (see the package documentation): a successor CA
+// first joins ca.crt, signs only once PropagationDelay (plus SkewTolerance)
+// has passed, every Observer confirmed it and every live replica announced
+// (in its Lease) that it has loaded it; the old CA stays in ca.crt until it
+// expires. Replicas converge with optimistic concurrency (resourceVersion):
+// a write conflict means re-read and decide again, not an error. A replica
+// never replaces a CA that is valid within the skew tolerance, so replicas
+// whose clocks disagree by up to SkewTolerance do not undo each other's
+// writes. A replica that finds the Secret deleted, or rolled back to older
+// content (an etcd restore), writes back the CAs it knows instead of
+// starting a new CA that no client trusts.
 //
 // Authority implements dynamiccertificates.SNICertKeyContentProvider (the
 // leaf), CAContentProvider (ca.crt) and ControllerRunner. It is safe for
 // concurrent use.
 type Authority struct {
-	listeners
-	cfg    AuthorityConfig
-	sched  rotation
-	src    *secretSource
-	report *reporter
-	ips    []net.IP
-	dns    []string
-
-	mu       sync.RWMutex
-	bundle   []byte
-	caOpts   x509.VerifyOptions
-	leaf     *pki.Issued
-	leafCA   []byte // raw certificate of the CA that signed leaf
-	waitLogd bool
-
-	kick chan struct{}
+	*issuer
+	cfg   AuthorityConfig
+	store *secretStore
 }
 
 var (
@@ -156,18 +180,6 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("authority %s/%s: %w", cfg.Namespace, cfg.SecretName, err)
 	}
-	a := &Authority{cfg: cfg, kick: make(chan struct{}, 1), sched: rotation{
-		name: cfg.Name, keyType: cfg.KeyType,
-		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
-		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
-	}}
-	for _, h := range cfg.Hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			a.ips = append(a.ips, ip)
-		} else {
-			a.dns = append(a.dns, h)
-		}
-	}
 	src, err := newSecretSource(SecretConfig{
 		Name: cfg.Name, Namespace: cfg.Namespace, SecretName: cfg.SecretName,
 		Client: cfg.Client, Clock: cfg.Clock,
@@ -175,237 +187,214 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Reconcile errors and watch errors are reported apart: each stream
-	// logs its distinct errors once. Sharing one reporter would make the
-	// two messages alternate, and every alternation is logged again.
-	a.report = &reporter{name: cfg.Name}
+	store := &secretStore{cfg: &cfg, src: src}
+	a := &Authority{cfg: cfg, store: store}
+	a.issuer = newIssuer(issuerConfig{
+		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, lifetime: cfg.Lifetime,
+		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder,
+		eventObject: &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName},
+	}, rotation{
+		name: cfg.Name, keyType: cfg.KeyType,
+		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
+		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
+		skew: cfg.SkewTolerance, promotionSkew: cfg.SkewTolerance,
+	}, store, cfg.Observers)
+	if !cfg.DisableReplicaAnnouncements {
+		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.Clock)
+	}
 	src.process = func(*corev1.Secret) error {
 		src.report.succeeded() // an event arrived: the watch works
 		a.Enqueue()
 		return nil
 	}
-	a.src = src
 	return a, nil
 }
 
 // Name returns the provider name.
 func (a *Authority) Name() string { return a.cfg.Name }
 
+// ReplicaID returns the name this replica announces itself under.
+func (a *Authority) ReplicaID() string { return a.cfg.ReplicaID }
+
 // SNINames returns the explicit SNI names, or nil.
 func (a *Authority) SNINames() []string { return a.cfg.SNINames }
 
+// AddObserver adds o to the observers a successor CA waits for.
+func (a *Authority) AddObserver(o Observer) { a.addObserver(o) }
+
+// Status returns where the CA rotation stands; see RotationStatus.
+func (a *Authority) Status() RotationStatus { return a.currentStatus() }
+
 // CurrentCertKeyContent returns this replica's leaf, or nil, nil before the
 // CA is known.
-func (a *Authority) CurrentCertKeyContent() ([]byte, []byte) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.leaf == nil {
-		return nil, nil
-	}
-	return a.leaf.CertPEM, a.leaf.KeyPEM
-}
+func (a *Authority) CurrentCertKeyContent() ([]byte, []byte) { return a.currentCertKey() }
 
 // CurrentCABundleContent returns ca.crt as last read from the Secret: every
 // CA that is still valid, including a successor that does not sign yet.
-func (a *Authority) CurrentCABundleContent() []byte {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return a.bundle
-}
+func (a *Authority) CurrentCABundleContent() []byte { return a.currentBundle() }
 
 // VerifyOptions verifies against the bundle; ok is false before it is known.
-func (a *Authority) VerifyOptions() (x509.VerifyOptions, bool) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return a.caOpts, a.bundle != nil
-}
+func (a *Authority) VerifyOptions() (x509.VerifyOptions, bool) { return a.verifyOptions() }
 
 // Leaf returns this replica's leaf certificate, or nil.
-func (a *Authority) Leaf() *x509.Certificate {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.leaf == nil {
-		return nil
-	}
-	return a.leaf.Cert
-}
+func (a *Authority) Leaf() *x509.Certificate { return a.currentLeaf() }
 
 // RenewAt returns when the leaf is due to be replaced (zero before the
 // first leaf).
-func (a *Authority) RenewAt() time.Time {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.leaf == nil {
-		return time.Time{}
-	}
-	return a.leaf.Cert.NotAfter.Add(-a.cfg.RenewBefore)
-}
+func (a *Authority) RenewAt() time.Time { return a.renewAt() }
 
 // LastError returns the last reconcile error, nil after a successful
 // reconcile. Watch errors are logged (each distinct one once) and counted,
 // but decisions rest on the reconcile's own GET.
 func (a *Authority) LastError() error { return a.report.lastError() }
 
-// Enqueue asks the run loop to reconcile soon. Requests coalesce.
-func (a *Authority) Enqueue() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
-
 // RunOnce reads the Secret with a GET, creates or rotates the CA if due,
-// and makes this replica's leaf. Tests with a fake clock call it after each
-// step to rotate synchronously.
+// and makes this replica's leaf.
 func (a *Authority) RunOnce(ctx context.Context) error {
-	_, err := a.reconcile(ctx)
+	_, err := a.check(ctx)
 	return err
 }
 
-// Run follows the Secret and rotates until ctx is done. workers is ignored.
+// Run follows the Secret, announces this replica and rotates until ctx is
+// done; workers is ignored.
 //
 // A failed reconcile is retried with backoff (internal/backoff: exponential,
 // jittered, capped, at least a 429's Retry-After) on the configured clock.
 // While it backs off, watch events wait for the backoff to end, so a chatty
 // watch cannot turn the retries into a hot loop; when healthy, an event
 // reconciles at once.
-func (a *Authority) Run(ctx context.Context, _ int) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	// The watch only kicks the loop; reconcile reads with a GET so that it
-	// always decides on the newest resourceVersion.
-	wg.Go(func() { a.src.run(ctx) })
-	retry := newIssuerRetry()
-	for {
-		// The GET below covers every event so far.
-		select {
-		case <-a.kick:
-		default:
-		}
-		next, err := a.reconcile(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		wait, backingOff := retry.after(next, err, a.cfg.CheckInterval)
-		kick := a.kick
-		if backingOff {
-			kick = nil // an event is served when the backoff ends
-			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-				klog.V(2).InfoS("CA secret keeps changing underneath us; backing off", "provider", a.cfg.Name, "retryIn", wait)
-			}
-		}
-		t := a.cfg.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-kick:
-			t.Stop()
-		case <-t.C():
-		}
-	}
+func (a *Authority) Run(ctx context.Context, _ int) { a.run(ctx) }
+
+// errWaitingForStore means the CA state does not exist yet and must not be
+// created here (DisableCreate): not an error, checked again later.
+var errWaitingForStore = errors.New("waiting for the CA state to be created")
+
+// secretStore keeps an Authority's CA state in its Secret. It remembers the
+// last state in force, with its keys, to restore a Secret that was deleted
+// or rolled back.
+type secretStore struct {
+	cfg       *AuthorityConfig
+	src       *secretSource
+	waitLogd  bool
+	last      *caSet
+	lastWrite string // resourceVersion of our last write, for logs
 }
 
-// issuerRetry decides how long a rotation loop (Authority.Run,
-// SelfSigned.Run) sleeps after a pass: until the next deadline, at most the
-// check interval, after a success; the next backoff delay after a failure.
-// It is owned by one loop.
-type issuerRetry struct {
-	backoff *backoff.Backoff
+func (s *secretStore) run(ctx context.Context, _ func()) {
+	// The watch only kicks the issuer (src.process); update reads with a
+	// GET so it always decides on the newest resourceVersion.
+	s.src.run(ctx)
 }
 
-func newIssuerRetry() *issuerRetry {
-	return &issuerRetry{backoff: backoff.New(backoff.DefaultInitial, backoff.DefaultCap)}
-}
-
-// after returns the wait after a pass that ended with err and, on success,
-// next until its next deadline. backingOff reports a failure: the wait is a
-// backoff delay, which neither the check interval nor an event may shorten.
-func (r *issuerRetry) after(next time.Duration, err error, checkInterval time.Duration) (wait time.Duration, backingOff bool) {
-	if err != nil {
-		return r.backoff.Next(err), true
-	}
-	r.backoff.Reset()
-	return min(max(next, 0), checkInterval), false
-}
-
-// reconcile brings the Secret and this replica's leaf up to date, and
-// returns the time until the next deadline.
-func (a *Authority) reconcile(ctx context.Context) (time.Duration, error) {
+func (s *secretStore) update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
 	const attempts = 5
 	var err error
 	for range attempts {
-		var next time.Duration
-		next, err = a.reconcileOnce(ctx)
+		var st *caSet
+		st, err = s.updateOnce(ctx, decide)
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return next, err
+			return st, err
 		}
 		// Another replica wrote first: re-read and decide again.
-		klog.V(2).InfoS("CA secret changed underneath us; re-reading", "provider", a.cfg.Name)
+		klog.V(2).InfoS("CA secret changed underneath us; re-reading", "provider", s.cfg.Name)
 	}
-	return 0, err
+	return nil, err
 }
 
-func (a *Authority) reconcileOnce(ctx context.Context) (time.Duration, error) {
-	secrets := a.cfg.Client.CoreV1().Secrets(a.cfg.Namespace)
-	secret, err := secrets.Get(ctx, a.cfg.SecretName, metav1.GetOptions{})
+func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
+	secret, err := secrets.Get(ctx, s.cfg.SecretName, metav1.GetOptions{})
 	exists := err == nil
 	switch {
-	case apierrors.IsNotFound(err) && a.cfg.DisableCreate:
-		a.mu.Lock()
-		first := !a.waitLogd
-		a.waitLogd = true
-		a.mu.Unlock()
-		if first {
-			klog.InfoS("Waiting for the CA secret to be created", "provider", a.cfg.Name, "secret", a.src.key)
+	case apierrors.IsNotFound(err) && s.cfg.DisableCreate && s.last == nil:
+		if !s.waitLogd {
+			s.waitLogd = true
+			klog.InfoS("Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.key)
 		}
-		return a.cfg.CheckInterval, nil
+		return nil, errWaitingForStore
 	case apierrors.IsNotFound(err):
 		secret = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: a.cfg.Namespace, Name: a.cfg.SecretName},
+			ObjectMeta: metav1.ObjectMeta{Namespace: s.cfg.Namespace, Name: s.cfg.SecretName},
 			Type:       corev1.SecretTypeTLS,
 		}
 	case err != nil && ctx.Err() != nil:
-		// Shutting down: not a failure of the Secret.
-		return 0, ctx.Err()
+		return nil, ctx.Err()
 	case err != nil:
-		return 0, a.report.failed(fmt.Errorf("reading CA secret %s: %w", a.src.key, describeAPIError(err)))
+		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err))
 	}
-
-	now := a.cfg.Clock.Now()
-	state, err := parseAuthoritySecret(secret)
+	st, err := parseAuthoritySecret(secret)
 	if err != nil {
-		return 0, a.report.failed(fmt.Errorf("CA secret %s: %w", a.src.key, err))
+		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	changed, err := a.sched.advance(state, now)
+	restored := s.restore(st, exists, s.cfg.Clock.Now())
+	changed, err := decide(st)
 	if err != nil {
-		return 0, a.report.failed(fmt.Errorf("CA secret %s: %w", a.src.key, err))
+		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	if changed {
+	if changed || restored {
 		updated := secret.DeepCopy()
-		writeAuthoritySecret(state, updated)
+		writeAuthoritySecret(st, updated)
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
 			secret, err = secrets.Update(ctx, updated, metav1.UpdateOptions{})
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			return 0, err
+			return nil, err
 		}
 		if err != nil && ctx.Err() != nil {
-			return 0, ctx.Err()
+			return nil, ctx.Err()
 		}
 		if err != nil {
-			return 0, a.report.failed(fmt.Errorf("writing CA secret %s: %w", a.src.key, describeAPIError(err)))
+			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err))
 		}
-		klog.V(2).InfoS("Wrote CA secret", "provider", a.cfg.Name, "secret", a.src.key, "resourceVersion", secret.ResourceVersion,
-			"signingSerial", state.signing.Cert.SerialNumber.Text(16), "bundleSize", len(state.bundle))
+		s.lastWrite = secret.ResourceVersion
+		klog.V(2).InfoS("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
+			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored)
 	}
-	if err := a.apply(state, now); err != nil {
-		return 0, a.report.failed(fmt.Errorf("CA secret %s: %w", a.src.key, err))
+	last := st.clone()
+	s.last = &last
+	return st, nil
+}
+
+// restore merges the last state this replica had in force into st, when st
+// lost some of it: the Secret was deleted, or rolled back to older content.
+// CAs that clients may trust come back into the bundle, and the newest CA
+// that signed keeps signing, so no client loses trust. It reports whether
+// st changed.
+func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
+	if s.last == nil {
+		return false
 	}
-	a.report.succeeded()
-	return a.nextDeadline(state).Sub(now), nil
+	last := s.last
+	restored := false
+	for _, c := range last.bundle {
+		// An expired CA left the bundle on schedule; it is not lost.
+		if now.Before(c.NotAfter) && !slices.ContainsFunc(st.bundle, c.Equal) {
+			st.bundle, restored = append(st.bundle, c), true
+		}
+	}
+	slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
+	if last.signing != nil && now.Before(last.signing.Cert.NotAfter) &&
+		(st.signing == nil || last.signing.Cert.NotBefore.After(st.signing.Cert.NotBefore)) &&
+		(st.next == nil || !st.next.Cert.Equal(last.signing.Cert)) {
+		// Ours is newer: the Secret went back in time. (A successor that
+		// another replica promoted is newer than ours and wins.)
+		st.signing, restored = last.signing, true
+	}
+	if st.next == nil && last.next != nil && now.Before(last.next.Cert.NotAfter) && st.signing != nil &&
+		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
+		st.next, st.nextSince, restored = last.next, last.nextSince, true
+	}
+	if restored {
+		why := "rolled back to older content"
+		if !exists {
+			why = "deleted"
+		}
+		klog.InfoS("CA secret was "+why+"; writing back the CAs this replica knows so clients keep their trust",
+			"provider", s.cfg.Name, "secret", s.src.key, "signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle))
+	}
+	return restored
 }
 
 // parseAuthoritySecret reads the CA side of the rotation state from the
@@ -449,8 +438,9 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 	return &pki.Issued{Cert: pair.Leaf, Key: signer, CertPEM: certPEM, KeyPEM: keyPEM}, nil
 }
 
-// writeAuthoritySecret stores the state in the Secret: the signing CA as tls.crt and
-// tls.key, the bundle as ca.crt, and a successor with its publication time.
+// writeAuthoritySecret stores the state in the Secret: the signing CA as
+// tls.crt and tls.key, the bundle as ca.crt, and a successor with its
+// publication time.
 func writeAuthoritySecret(st *caSet, s *corev1.Secret) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
@@ -470,39 +460,4 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret) {
 		delete(s.Data, AuthorityNextKeyKey)
 		delete(s.Annotations, AuthorityNextSinceAnnotation)
 	}
-}
-
-// apply adopts st locally: the bundle, and a leaf re-signed when the
-// schedule says so.
-func (a *Authority) apply(st *caSet, now time.Time) error {
-	bundle, pool := st.bundlePEM()
-	a.mu.Lock()
-	changed := !bytes.Equal(bundle, a.bundle)
-	if changed {
-		a.bundle, a.caOpts = bundle, clientVerifyOptions(pool)
-	}
-	prev := a.leaf
-	if a.sched.leafDue(prev, a.leafCA, st, now) {
-		issued, err := a.sched.issueLeaf(st, a.cfg.CommonName, a.dns, a.ips, a.cfg.Lifetime, now)
-		if err != nil {
-			a.mu.Unlock()
-			return err
-		}
-		a.leaf, a.leafCA, changed = issued, st.signing.Cert.Raw, true
-		certmetrics.CertificateLoaded(a.cfg.Name, serial(issued.Cert), issued.Cert.NotAfter)
-		klog.V(2).InfoS("Issued serving certificate", "provider", a.cfg.Name, "subject", issued.Cert.Subject.CommonName,
-			"names", a.cfg.Hosts, "serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter,
-			"caSerial", serial(st.signing.Cert))
-	}
-	a.mu.Unlock()
-	if changed {
-		a.notify()
-	}
-	return nil
-}
-
-func (a *Authority) nextDeadline(st *caSet) time.Time {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return a.sched.nextDeadline(st, a.leaf.Cert)
 }

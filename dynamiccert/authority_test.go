@@ -36,6 +36,8 @@ func newTestAuthority(t testing.TB, client *fake.Clientset, clk *clocktesting.Fa
 	a, err := NewAuthority(AuthorityConfig{
 		Name: name, Namespace: "ns", SecretName: "ca", Client: client,
 		Hosts: []string{"webhook.ns.svc", "127.0.0.1"}, Lifetime: time.Hour, Clock: clk,
+		// These tests are about the Secret; replica Leases have their own.
+		DisableReplicaAnnouncements: true,
 	})
 	require.NoError(t, err)
 	return a

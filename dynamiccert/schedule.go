@@ -13,14 +13,20 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// rotation is the CA and leaf schedule that SelfSigned (state in memory) and
-// Authority (state in a Secret) share. Its decisions depend only on the
-// state and the time, so replicas reading the same Secret agree on them.
+// rotation is the CA and leaf schedule of the issuer that SelfSigned (state
+// in memory) and Authority (state in a Secret) share. Its decisions depend
+// only on the state, the time and what the observers confirmed, so replicas
+// reading the same Secret agree on them.
 type rotation struct {
 	name                         string
 	keyType                      pki.KeyType
 	caLifetime, caRenewBefore    time.Duration
 	propagation, leafRenewBefore time.Duration
+	// skew is the clock skew tolerated between the processes sharing the
+	// state: certificates are backdated by it, a CA that is not yet valid
+	// by less than it is accepted, and the propagation delay is lengthened
+	// by it when replicas share the state (promotionSkew).
+	skew, promotionSkew time.Duration
 }
 
 // caSet is the CA side of the state: the CA that signs, a successor already
@@ -33,42 +39,63 @@ type caSet struct {
 	bundle    []*x509.Certificate // oldest first
 }
 
-// advance moves cs along the schedule at now and reports whether it changed:
+func (cs *caSet) clone() caSet {
+	c := *cs
+	c.bundle = slices.Clone(cs.bundle)
+	return c
+}
+
+// advance moves cs along the observed-rotation schedule at now and reports
+// whether it changed and whether the change was an unsafe rotation:
 //
-//   - with no usable signing CA (first run, expired, or the clock went back
-//     before its NotBefore) a published successor signs at once if it is
-//     valid (the machine slept through the propagation delay; clients that
-//     refreshed their bundle already have it), else a new CA signs at once;
-//   - a successor is made caRenewBefore ahead of the signing CA's expiry and
-//     joins the bundle;
-//   - it signs propagation later, or at once when the signing CA is within
-//     leafRenewBefore of expiry, so a leaf is never capped by a dying CA;
-//   - expired CAs leave the bundle.
-func (r rotation) advance(cs *caSet, now time.Time) (bool, error) {
-	changed := false
-	if cs.signing != nil && !validAt(cs.signing, now) && cs.next != nil && validAt(cs.next, now) {
-		cs.signing, cs.next, changed = cs.next, nil, true
+//   - publish: caRenewBefore ahead of the signing CA's expiry a successor is
+//     made and joins the bundle;
+//   - observe: the successor signs only once observed(successor) holds and
+//     the minimum propagation delay has passed since it was published;
+//   - retire: expired CAs leave the bundle; the old CA stays until then.
+//
+// After a pause the signing CA keeps signing while it is valid, and its
+// leaves are capped at its NotAfter. Only when it is no longer valid does a
+// successor sign unobserved, or, with no valid successor, a fresh CA: an
+// unsafe rotation. The very first CA is not one: nobody trusts anything yet.
+func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certificate) bool) (changed, unsafe bool, err error) {
+	if cs.next != nil && !now.Before(cs.next.Cert.NotAfter) {
+		cs.next, changed = nil, true // expired before it ever signed
 	}
 	switch {
-	case cs.signing == nil || !validAt(cs.signing, now):
+	case cs.signing == nil && cs.next == nil && len(cs.bundle) == 0:
 		ca, err := r.newCA(now)
 		if err != nil {
-			return false, fmt.Errorf("making CA: %w", err)
+			return false, false, fmt.Errorf("making CA: %w", err)
 		}
-		cs.signing, cs.next, changed = ca, nil, true
-		klog.V(1).InfoS("Created signing CA", "provider", r.name, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter)
-	case !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore)):
-		if cs.next == nil {
+		cs.signing, changed = ca, true
+		klog.InfoS("Created signing CA", "provider", r.name, "ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter.UTC())
+	case cs.signing == nil || !r.valid(cs.signing.Cert, now):
+		if cs.next != nil && r.valid(cs.next.Cert, now) {
+			unsafe = !r.promotable(cs, now, observed)
+			cs.signing, cs.next, changed = cs.next, nil, true
+		} else {
 			ca, err := r.newCA(now)
 			if err != nil {
-				return false, fmt.Errorf("making successor CA: %w", err)
+				return false, false, fmt.Errorf("making CA: %w", err)
+			}
+			cs.signing, cs.next, changed, unsafe = ca, nil, true, true
+		}
+		klog.InfoS("Signing CA replaced after the previous one stopped being valid", "provider", r.name,
+			"ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert), "unsafe", unsafe)
+	default:
+		if cs.next == nil && !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore)) {
+			ca, err := r.newCA(now)
+			if err != nil {
+				return false, false, fmt.Errorf("making successor CA: %w", err)
 			}
 			cs.next, cs.nextSince, changed = ca, now, true
-			klog.V(1).InfoS("Published successor CA", "provider", r.name, "serial", serial(ca.Cert), "signsAfter", now.Add(r.propagation))
+			klog.InfoS("Published successor CA; it signs once every observer has it", "provider", r.name,
+				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
-		if !now.Before(cs.nextSince.Add(r.propagation)) || !now.Before(cs.signing.Cert.NotAfter.Add(-r.leafRenewBefore)) {
+		if cs.next != nil && r.promotable(cs, now, observed) {
 			cs.signing, cs.next, changed = cs.next, nil, true
-			klog.V(1).InfoS("Successor CA now signs", "provider", r.name, "serial", serial(cs.signing.Cert))
+			klog.InfoS("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
 	}
 	for _, ca := range []*pki.Issued{cs.signing, cs.next} {
@@ -80,12 +107,34 @@ func (r rotation) advance(cs *caSet, now time.Time) (bool, error) {
 	if len(kept) != len(cs.bundle) {
 		cs.bundle, changed = kept, true
 	}
-	return changed, nil
+	return changed, unsafe, nil
+}
+
+// promotable reports whether the successor may sign: its minimum delay has
+// passed and every observer confirmed it.
+func (r rotation) promotable(cs *caSet, now time.Time, observed func(*x509.Certificate) bool) bool {
+	return !now.Before(r.signsNoEarlierThan(cs)) && observed(cs.next.Cert)
+}
+
+// signsNoEarlierThan is when the successor's minimum propagation delay ends.
+func (r rotation) signsNoEarlierThan(cs *caSet) time.Time {
+	return cs.nextSince.Add(r.propagation + r.promotionSkew)
+}
+
+// valid reports whether c is valid at now, accepting a certificate that is
+// not yet valid by less than the skew tolerance: another replica whose clock
+// is ahead may have made it.
+func (r rotation) valid(c *x509.Certificate, now time.Time) bool {
+	return !now.Add(r.skew).Before(c.NotBefore) && now.Before(c.NotAfter)
 }
 
 func (r rotation) newCA(now time.Time) (*pki.Issued, error) {
-	return pki.NewCA(pki.Request{CommonName: r.name + "-ca", KeyType: r.keyType, Now: now, Lifetime: r.caLifetime})
+	return pki.NewCA(pki.Request{CommonName: r.name + "-ca", KeyType: r.keyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
 }
+
+// backdate is how far certificates are backdated: the skew tolerance, and
+// never less than pki's default.
+func (r rotation) backdate() time.Duration { return max(r.skew, pki.ClockSkew) }
 
 // leafDue reports whether leaf, signed by the CA whose raw certificate is
 // signedBy, must be re-issued at now: there is none, its CA no longer signs,
@@ -94,7 +143,7 @@ func (r rotation) newCA(now time.Time) (*pki.Issued, error) {
 // with the same CA, so only a CA change renews it and this never spins.
 func (r rotation) leafDue(leaf *pki.Issued, signedBy []byte, cs *caSet, now time.Time) bool {
 	switch {
-	case leaf == nil, !bytes.Equal(signedBy, cs.signing.Cert.Raw), now.Before(leaf.Cert.NotBefore):
+	case leaf == nil, !bytes.Equal(signedBy, cs.signing.Cert.Raw), now.Add(r.skew).Before(leaf.Cert.NotBefore):
 		return true
 	}
 	return !now.Before(leaf.Cert.NotAfter.Add(-r.leafRenewBefore)) && leaf.Cert.NotAfter.Before(cs.signing.Cert.NotAfter)
@@ -110,7 +159,7 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate) time.Time {
 	if cs.next == nil {
 		next = earliest(next, cs.signing.Cert.NotAfter.Add(-r.caRenewBefore))
 	} else {
-		next = earliest(next, cs.nextSince.Add(r.propagation))
+		next = earliest(next, r.signsNoEarlierThan(cs))
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
@@ -122,7 +171,7 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate) time.Time {
 func (r rotation) issueLeaf(cs *caSet, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
 	issued, err := pki.IssueLeaf(cs.signing, pki.Request{
 		CommonName: commonName, DNSNames: dnsNames, IPs: ips,
-		KeyType: r.keyType, Now: now, Lifetime: lifetime,
+		KeyType: r.keyType, Now: now, Lifetime: lifetime, Backdate: r.backdate(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("issuing leaf: %w", err)
@@ -139,11 +188,6 @@ func (cs *caSet) bundlePEM() ([]byte, *x509.CertPool) {
 		pool.AddCert(c)
 	}
 	return b.Bytes(), pool
-}
-
-// validAt reports whether now is within c's validity period.
-func validAt(c *pki.Issued, now time.Time) bool {
-	return !now.Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 }
 
 func earliest(a, b time.Time) time.Time {

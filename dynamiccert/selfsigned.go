@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -21,6 +21,9 @@ import (
 const (
 	// DefaultSelfSignedLifetime is the default lifetime of a self-signed leaf.
 	DefaultSelfSignedLifetime = 30 * 24 * time.Hour
+	// DefaultSkewTolerance is the clock skew tolerated by default between
+	// replicas and clients.
+	DefaultSkewTolerance = time.Hour
 	// DefaultCheckInterval bounds how long the provider goes without looking
 	// at the wall clock, so a suspended machine or a clock jump renews
 	// promptly even though timers were asleep.
@@ -59,10 +62,28 @@ type SelfSignedConfig struct {
 	// is made and joins the CA bundle. Default CALifetime/3. It must exceed
 	// RenewBefore, so a leaf is never signed by a CA about to expire.
 	CARenewBefore time.Duration
-	// PropagationDelay is how long a new CA sits in the bundle before it
-	// signs leaves, so clients that refresh their bundle in that window
-	// never see a leaf they cannot verify. Default (CARenewBefore-RenewBefore)/2.
+	// PropagationDelay is the minimum time a successor CA sits in the
+	// bundle before it signs leaves, for consumers evercert cannot observe
+	// (clients that read the bundle file or the CA bundle on their own
+	// schedule). The successor also waits for every Observer. Default
+	// (CARenewBefore-RenewBefore)/4, so a successor published when the
+	// machine wakes from a pause of 0.9 CA lifetimes still signs before the
+	// old CA expires.
 	PropagationDelay time.Duration
+	// SkewTolerance is the clock skew tolerated between this process and
+	// its clients: certificates are backdated by it, and a CA not yet valid
+	// by less than it is accepted. Default one hour, or RenewBefore/4 when
+	// that is shorter. It must be shorter than RenewBefore.
+	SkewTolerance time.Duration
+	// Observers confirm that a published successor CA has reached the
+	// consumers they stand for; it signs only once all have (see Observer
+	// and AddObserver). Default none: only PropagationDelay.
+	Observers []Observer
+	// EventRecorder, with EventObject, receives a Warning Event on an
+	// unsafe rotation. Optional.
+	EventRecorder events.EventRecorder
+	// EventObject is the object Events are about, e.g. the Pod. Optional.
+	EventObject runtime.Object
 	// CheckInterval bounds the time between wall-clock checks. Default
 	// DefaultCheckInterval, or Lifetime/10 when that is shorter.
 	CheckInterval time.Duration
@@ -105,7 +126,10 @@ func (c *SelfSignedConfig) complete() error {
 		c.CARenewBefore = c.CALifetime / 3
 	}
 	if c.PropagationDelay == 0 {
-		c.PropagationDelay = (c.CARenewBefore - c.RenewBefore) / 2
+		c.PropagationDelay = (c.CARenewBefore - c.RenewBefore) / 4
+	}
+	if c.SkewTolerance == 0 {
+		c.SkewTolerance = min(DefaultSkewTolerance, c.RenewBefore/4)
 	}
 	if c.CheckInterval == 0 {
 		c.CheckInterval = min(DefaultCheckInterval, c.Lifetime/10)
@@ -123,6 +147,8 @@ func (c *SelfSignedConfig) complete() error {
 		errs = append(errs, fmt.Errorf("CA renew-before %v must be longer than the leaf renew-before %v and shorter than the CA lifetime %v", c.CARenewBefore, c.RenewBefore, c.CALifetime))
 	case c.PropagationDelay < 0 || c.PropagationDelay >= c.CARenewBefore-c.RenewBefore:
 		errs = append(errs, fmt.Errorf("propagation delay %v must be shorter than CA renew-before minus leaf renew-before (%v)", c.PropagationDelay, c.CARenewBefore-c.RenewBefore))
+	case c.SkewTolerance < 0 || c.SkewTolerance >= c.RenewBefore:
+		errs = append(errs, fmt.Errorf("skew tolerance %v must not be negative and must be shorter than renew-before %v", c.SkewTolerance, c.RenewBefore))
 	case c.CheckInterval <= 0:
 		errs = append(errs, fmt.Errorf("check interval %v must be positive", c.CheckInterval))
 	}
@@ -135,24 +161,16 @@ func (c *SelfSignedConfig) complete() error {
 // (CAContentProvider), so a client that refreshes its bundle at any time
 // keeps verifying the leaf through CA rotations.
 //
-// Rotation is checked against the injected clock's wall time at every
-// deadline and at least every CheckInterval, so a machine that wakes from
-// suspend or a clock that jumps renews at once. All methods are safe for
-// concurrent use.
+// CA rotation is observed (see the package documentation): a successor CA
+// joins the bundle, and signs only once PropagationDelay has passed and
+// every Observer confirmed it. Rotation is checked against the injected
+// clock's wall time at every deadline and at least every CheckInterval, so
+// a machine that wakes from suspend or a clock that jumps renews at once,
+// and never with a CA nobody has seen. All methods are safe for concurrent
+// use.
 type SelfSigned struct {
-	listeners
-	cfg      SelfSignedConfig
-	sched    rotation
-	dnsNames []string
-	ips      []net.IP
-
-	mu      sync.RWMutex
-	cas     caSet
-	leaf    *pki.Issued
-	leafCA  []byte // raw certificate of the CA that signed leaf
-	bundle  []byte
-	pool    *x509.CertPool
-	lastErr error
+	*issuer
+	cfg SelfSignedConfig
 }
 
 var (
@@ -168,19 +186,16 @@ func NewSelfSigned(cfg SelfSignedConfig) (*SelfSigned, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("self-signed provider %q: %w", cfg.Name, err)
 	}
-	s := &SelfSigned{cfg: cfg, sched: rotation{
+	s := &SelfSigned{cfg: cfg, issuer: newIssuer(issuerConfig{
+		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, lifetime: cfg.Lifetime,
+		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
+	}, rotation{
 		name: cfg.Name, keyType: cfg.KeyType,
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
 		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
-	}}
-	for _, h := range cfg.Hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			s.ips = append(s.ips, ip)
-		} else {
-			s.dnsNames = append(s.dnsNames, h)
-		}
-	}
-	if _, err := s.check(); err != nil {
+		skew: cfg.SkewTolerance,
+	}, &memoryStore{}, cfg.Observers)}
+	if _, err := s.check(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -195,127 +210,48 @@ func (s *SelfSigned) Config() SelfSignedConfig { return s.cfg }
 // SNINames returns the configured explicit SNI names, or nil.
 func (s *SelfSigned) SNINames() []string { return s.cfg.SNINames }
 
+// AddObserver adds o to the observers a successor CA waits for. Add
+// observers before the first rotation is due: a successor already waiting
+// also waits for o from then on.
+func (s *SelfSigned) AddObserver(o Observer) { s.addObserver(o) }
+
+// Status returns where the CA rotation stands: the signing CA, a successor
+// and the observers it still waits for, unsafe rotations, the last error.
+func (s *SelfSigned) Status() RotationStatus { return s.currentStatus() }
+
 // CurrentCertKeyContent returns the current leaf certificate and key PEM.
 // Callers must not modify the returned slices.
-func (s *SelfSigned) CurrentCertKeyContent() ([]byte, []byte) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.leaf.CertPEM, s.leaf.KeyPEM
-}
+func (s *SelfSigned) CurrentCertKeyContent() ([]byte, []byte) { return s.currentCertKey() }
 
 // CurrentCABundleContent returns the PEM bundle of every CA that has not
 // expired, including a successor that does not sign yet.
-func (s *SelfSigned) CurrentCABundleContent() []byte {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.bundle
-}
+func (s *SelfSigned) CurrentCABundleContent() []byte { return s.currentBundle() }
 
 // VerifyOptions returns options that verify against the current bundle.
-func (s *SelfSigned) VerifyOptions() (x509.VerifyOptions, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return clientVerifyOptions(s.pool), true
-}
+func (s *SelfSigned) VerifyOptions() (x509.VerifyOptions, bool) { return s.verifyOptions() }
 
 // Leaf returns the current leaf certificate.
-func (s *SelfSigned) Leaf() *x509.Certificate {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.leaf.Cert
-}
+func (s *SelfSigned) Leaf() *x509.Certificate { return s.currentLeaf() }
 
 // RenewAt returns when the current leaf is due to be replaced.
-func (s *SelfSigned) RenewAt() time.Time {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.leaf.Cert.NotAfter.Add(-s.cfg.RenewBefore)
-}
+func (s *SelfSigned) RenewAt() time.Time { return s.renewAt() }
 
 // LastError returns the error of the last rotation attempt, or nil if it
 // succeeded.
-func (s *SelfSigned) LastError() error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.lastErr
-}
+func (s *SelfSigned) LastError() error { return s.report.lastError() }
 
-// RunOnce rotates whatever is due now. Tests driving a fake clock call it
-// after each step to rotate synchronously.
-func (s *SelfSigned) RunOnce(context.Context) error {
-	_, err := s.check()
+// RunOnce rotates whatever is due now.
+func (s *SelfSigned) RunOnce(ctx context.Context) error {
+	_, err := s.check(ctx)
 	return err
 }
 
-// Run rotates certificates until ctx is done. workers is ignored: there is
-// only ever one thing to do.
+// Run rotates certificates until ctx is done; workers is ignored: there is
+// only ever one thing to do. A failed rotation is retried with backoff, and
+// the current certificate keeps being served.
 func (s *SelfSigned) Run(ctx context.Context, _ int) {
 	logger := klog.FromContext(ctx).WithValues("provider", s.cfg.Name)
 	logger.V(2).Info("Starting self-signed certificate rotation")
 	defer logger.V(2).Info("Stopped self-signed certificate rotation")
-	retry := newIssuerRetry()
-	for {
-		next, err := s.check()
-		// Generation only fails on an exhausted entropy source or a bug;
-		// retry with backoff, still serving the current certificate.
-		wait, _ := retry.after(next, err, s.cfg.CheckInterval)
-		t := s.cfg.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C():
-		}
-	}
-}
-
-// check rotates what is due at the clock's current time and returns how long
-// until the next deadline.
-func (s *SelfSigned) check() (time.Duration, error) {
-	now := s.cfg.Clock.Now()
-	s.mu.Lock()
-	changed, err := s.rotateLocked(now)
-	if err != nil {
-		err = fmt.Errorf("self-signed provider %q: %w", s.cfg.Name, err)
-		if s.lastErr == nil || s.lastErr.Error() != err.Error() {
-			klog.ErrorS(err, "Rotation failed; serving the current certificate", "provider", s.cfg.Name)
-		}
-		certmetrics.LoadError(s.cfg.Name)
-	}
-	s.lastErr = err
-	next := s.nextDeadlineLocked().Sub(now)
-	s.mu.Unlock()
-	if changed {
-		s.notify()
-	}
-	return next, err
-}
-
-// rotateLocked applies the shared rotation schedule (see rotation.advance
-// and rotation.leafDue) to the in-memory state.
-func (s *SelfSigned) rotateLocked(now time.Time) (bool, error) {
-	changed, err := s.sched.advance(&s.cas, now)
-	if err != nil {
-		return false, err
-	}
-	if changed {
-		s.bundle, s.pool = s.cas.bundlePEM()
-	}
-	if !s.sched.leafDue(s.leaf, s.leafCA, &s.cas, now) {
-		return changed, nil
-	}
-	issued, err := s.sched.issueLeaf(&s.cas, s.cfg.CommonName, s.dnsNames, s.ips, s.cfg.Lifetime, now)
-	if err != nil {
-		return changed, err
-	}
-	s.leaf, s.leafCA = issued, s.cas.signing.Cert.Raw
-	certmetrics.CertificateLoaded(s.cfg.Name, serial(issued.Cert), issued.Cert.NotAfter)
-	klog.V(2).InfoS("Issued self-signed serving certificate", "provider", s.cfg.Name,
-		"subject", issued.Cert.Subject.CommonName, "names", s.cfg.Hosts,
-		"serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter)
-	return true, nil
-}
-
-func (s *SelfSigned) nextDeadlineLocked() time.Time {
-	return s.sched.nextDeadline(&s.cas, s.leaf.Cert)
+	s.run(ctx)
 }

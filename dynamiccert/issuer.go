@@ -1,0 +1,368 @@
+package dynamiccert
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// issuer is what SelfSigned and Authority share: the CA schedule with
+// observed rotation, this process's leaf, the observers, the status and the
+// Run loop. They differ only in where the CA state lives (caStore) and in
+// whether replicas announce themselves (replicas).
+type issuer struct {
+	listeners
+	cfg      issuerConfig
+	sched    rotation
+	store    caStore
+	replicas *replicaSet // nil without replica coordination
+	report   *reporter
+	kick     chan struct{}
+
+	obsMu     sync.Mutex
+	observers []Observer
+
+	// syncMu serializes check: Run and RunOnce may overlap.
+	syncMu sync.Mutex
+
+	mu       sync.RWMutex
+	cas      caSet // the state in force, as last read or written
+	leaf     *pki.Issued
+	leafCA   []byte // raw certificate of the CA that signed leaf
+	bundle   []byte
+	pool     *x509.CertPool
+	unsafe   int
+	status   RotationStatus
+	hasState bool
+}
+
+// issuerConfig is the completed configuration an issuer runs on.
+type issuerConfig struct {
+	name, commonName string
+	dnsNames         []string
+	ips              []net.IP
+	hosts            []string
+	lifetime         time.Duration
+	checkInterval    time.Duration
+	clock            clock.WithTicker
+	recorder         events.EventRecorder
+	eventObject      runtime.Object
+}
+
+// caStore keeps an issuer's CA state.
+type caStore interface {
+	// update reads the current state, lets decide change it, writes it back
+	// when decide reports a change, and returns the state now in force. A
+	// write conflict is resolved inside by re-reading and deciding again.
+	update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error)
+	// run follows the store until ctx is done, calling kick when it changed
+	// underneath; stores that cannot change underneath return at once.
+	run(ctx context.Context, kick func())
+}
+
+func newIssuer(cfg issuerConfig, sched rotation, store caStore, observers []Observer) *issuer {
+	i := &issuer{cfg: cfg, sched: sched, store: store, report: &reporter{name: cfg.name}, kick: make(chan struct{}, 1)}
+	for _, h := range cfg.hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			i.cfg.ips = append(i.cfg.ips, ip)
+		} else {
+			i.cfg.dnsNames = append(i.cfg.dnsNames, h)
+		}
+	}
+	for _, o := range observers {
+		i.addObserver(o)
+	}
+	return i
+}
+
+// addObserver adds o to the observers a successor CA waits for, and
+// re-checks whenever o notifies.
+func (i *issuer) addObserver(o Observer) {
+	if o == nil {
+		return
+	}
+	i.obsMu.Lock()
+	i.observers = append(i.observers, o)
+	i.obsMu.Unlock()
+	if n, ok := o.(dynamiccertificates.Notifier); ok {
+		n.AddListener(i)
+	}
+	i.Enqueue()
+}
+
+// Enqueue implements dynamiccertificates.Listener: it asks the Run loop to
+// check soon. Requests coalesce and never block.
+func (i *issuer) Enqueue() {
+	select {
+	case i.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pending returns the names of the observers that have not confirmed ca:
+// local observers by name, replicas as "replica/<id>".
+func (i *issuer) pending(ca *x509.Certificate) []string {
+	i.obsMu.Lock()
+	observers := slices.Clone(i.observers)
+	i.obsMu.Unlock()
+	var out []string
+	for _, o := range observers {
+		if !o.Observed(ca) {
+			out = append(out, o.Name())
+		}
+	}
+	if i.replicas != nil {
+		out = append(out, i.replicas.pending(ca)...)
+	}
+	return out
+}
+
+func (i *issuer) observed(ca *x509.Certificate) bool { return len(i.pending(ca)) == 0 }
+
+// locallyObserved reports whether every local observer holds ca; replicas
+// announce only the CAs their own observers confirmed.
+func (i *issuer) locallyObserved(ca *x509.Certificate) bool {
+	i.obsMu.Lock()
+	defer i.obsMu.Unlock()
+	for _, o := range i.observers {
+		if !o.Observed(ca) {
+			return false
+		}
+	}
+	return true
+}
+
+// run checks on schedule until ctx is done. A failed check is retried with
+// backoff on the configured clock; while it backs off, notifications wait
+// for the backoff to end, so a chatty watch cannot make a hot loop.
+func (i *issuer) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { i.store.run(ctx, i.Enqueue) })
+	if i.replicas != nil {
+		wg.Go(func() { i.replicas.run(ctx, i.Enqueue) })
+	}
+	retry := newIssuerRetry()
+	for {
+		// The check below covers every notification so far.
+		select {
+		case <-i.kick:
+		default:
+		}
+		next, err := i.check(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait, backingOff := retry.after(next, err, i.cfg.checkInterval)
+		kick := i.kick
+		if backingOff {
+			kick = nil
+			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+				klog.V(2).InfoS("CA state keeps changing underneath us; backing off", "provider", i.cfg.name, "retryIn", wait)
+			}
+		}
+		t := i.cfg.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-kick:
+			t.Stop()
+		case <-t.C():
+		}
+	}
+}
+
+// check moves the CA state along the schedule at the clock's current time,
+// adopts it (bundle, leaf), and returns the time until the next deadline.
+func (i *issuer) check(ctx context.Context) (time.Duration, error) {
+	i.syncMu.Lock()
+	defer i.syncMu.Unlock()
+	now := i.cfg.clock.Now()
+	var unsafe bool
+	st, err := i.store.update(ctx, func(cs *caSet) (bool, error) {
+		changed, u, err := i.sched.advance(cs, now, i.observed)
+		unsafe = u
+		return changed, err
+	})
+	switch {
+	case err == errWaitingForStore:
+		return i.cfg.checkInterval, nil
+	case err != nil && ctx.Err() != nil:
+		return 0, ctx.Err()
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		return 0, err // a busy Secret: retried with backoff, not a load error
+	case err != nil:
+		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+	}
+	if unsafe {
+		i.recordUnsafe(st, now)
+	}
+	if err := i.adopt(st, now); err != nil {
+		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+	}
+	i.report.succeeded()
+	return i.nextDeadline().Sub(now), nil
+}
+
+// adopt takes st as the state in force: the bundle, a leaf re-signed when
+// the schedule says so, the replica announcement and the status.
+func (i *issuer) adopt(st *caSet, now time.Time) error {
+	bundle, pool := st.bundlePEM()
+	i.mu.Lock()
+	changed := !bytes.Equal(bundle, i.bundle)
+	if changed {
+		i.bundle, i.pool = bundle, pool
+	}
+	i.cas, i.hasState = st.clone(), true
+	if i.sched.leafDue(i.leaf, i.leafCA, st, now) {
+		issued, err := i.sched.issueLeaf(st, i.cfg.commonName, i.cfg.dnsNames, i.cfg.ips, i.cfg.lifetime, now)
+		if err != nil {
+			i.mu.Unlock()
+			return err
+		}
+		rotated := i.leaf != nil
+		i.leaf, i.leafCA, changed = issued, st.signing.Cert.Raw, true
+		certmetrics.CertificateLoaded(i.cfg.name, serial(issued.Cert), issued.Cert.NotAfter)
+		klog.InfoS("Issued serving certificate", "provider", i.cfg.name, "subject", issued.Cert.Subject.CommonName,
+			"serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter.UTC(), "ca", st.signing.Cert.Subject.CommonName,
+			"caSerial", serial(st.signing.Cert), "rotated", rotated)
+	}
+	leafSerial := serial(i.leaf.Cert)
+	i.mu.Unlock()
+
+	if i.replicas != nil {
+		var trusted []string
+		for _, c := range st.bundle {
+			if i.locallyObserved(c) {
+				trusted = append(trusted, Fingerprint(c))
+			}
+		}
+		i.replicas.announce(trusted, bundle, leafSerial)
+	}
+	i.updateStatus(st, now)
+	if changed {
+		i.notify()
+	}
+	return nil
+}
+
+// recordUnsafe reports a rotation in which a CA signed before it was
+// observed: clients that did not refresh their trust will fail until they do.
+func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
+	i.mu.Lock()
+	i.unsafe++
+	i.mu.Unlock()
+	certmetrics.UnsafeRotation(i.cfg.name)
+	msg := fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it; clients must refresh their trust bundle",
+		now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
+	klog.ErrorS(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
+	if i.cfg.recorder != nil && i.cfg.eventObject != nil {
+		i.cfg.recorder.Eventf(i.cfg.eventObject, nil, corev1.EventTypeWarning, "UnsafeCARotation", "Rotate", "%s", msg)
+	}
+}
+
+func (i *issuer) nextDeadline() time.Time {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	next := i.sched.nextDeadline(&i.cas, i.leaf.Cert)
+	if i.cas.next != nil {
+		// Replicas and observers notify; still look again at least every
+		// check interval while a successor waits.
+		next = earliest(next, i.cfg.clock.Now().Add(i.cfg.checkInterval))
+	}
+	return next
+}
+
+// currentCertKey returns the leaf PEM, or nil, nil before the first one.
+func (i *issuer) currentCertKey() ([]byte, []byte) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.leaf == nil {
+		return nil, nil
+	}
+	return i.leaf.CertPEM, i.leaf.KeyPEM
+}
+
+func (i *issuer) currentBundle() []byte {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.bundle
+}
+
+func (i *issuer) verifyOptions() (x509.VerifyOptions, bool) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return clientVerifyOptions(i.pool), i.bundle != nil
+}
+
+func (i *issuer) currentLeaf() *x509.Certificate {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.leaf == nil {
+		return nil
+	}
+	return i.leaf.Cert
+}
+
+func (i *issuer) renewAt() time.Time {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.leaf == nil {
+		return time.Time{}
+	}
+	return i.leaf.Cert.NotAfter.Add(-i.sched.leafRenewBefore)
+}
+
+// memoryStore keeps the CA state in memory (SelfSigned).
+type memoryStore struct{ cs caSet }
+
+func (m *memoryStore) update(_ context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+	work := m.cs.clone()
+	if _, err := decide(&work); err != nil {
+		return nil, err
+	}
+	m.cs = work
+	return &m.cs, nil
+}
+
+func (m *memoryStore) run(context.Context, func()) {}
+
+// issuerRetry decides how long the Run loop sleeps after a check: until the
+// next deadline, at most the check interval, after a success; the next
+// backoff delay after a failure. It is owned by one loop.
+type issuerRetry struct {
+	backoff *backoff.Backoff
+}
+
+func newIssuerRetry() *issuerRetry {
+	return &issuerRetry{backoff: backoff.New(backoff.DefaultInitial, backoff.DefaultCap)}
+}
+
+// after returns the wait after a check that ended with err and, on success,
+// next until its next deadline. backingOff reports a failure: the wait is a
+// backoff delay, which neither the check interval nor an event may shorten.
+func (r *issuerRetry) after(next time.Duration, err error, checkInterval time.Duration) (wait time.Duration, backingOff bool) {
+	if err != nil {
+		return r.backoff.Next(err), true
+	}
+	r.backoff.Reset()
+	return min(max(next, 0), checkInterval), false
+}

@@ -1,0 +1,316 @@
+package dynamiccert
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/evercert/evercert/internal/backoff"
+)
+
+// Labels and annotations of the Lease each Authority replica announces
+// itself with.
+const (
+	// AuthorityLeaseLabel selects the Leases of the replicas of one
+	// Authority; its value is the CA Secret's name.
+	AuthorityLeaseLabel = "evercert.io/authority"
+	// AuthorityTrustedCAsAnnotation lists the Fingerprints of the CAs the
+	// replica has loaded and its own observers have confirmed, comma
+	// separated.
+	AuthorityTrustedCAsAnnotation = "evercert.io/trusted-cas"
+	// AuthorityBundleHashAnnotation is the SHA-256 (hex) of the ca.crt
+	// bundle the replica has loaded.
+	AuthorityBundleHashAnnotation = "evercert.io/bundle-sha256"
+	// AuthorityLeafSerialAnnotation is the serial (hex) of the leaf the
+	// replica serves.
+	AuthorityLeafSerialAnnotation = "evercert.io/leaf-serial"
+)
+
+// announcement is what one replica says about itself.
+type announcement struct {
+	trusted    string // sorted fingerprints, comma separated
+	bundleHash string
+	leafSerial string
+}
+
+// seenLease is another (or this) replica's announcement as last seen, and
+// when this process saw it change, on its own clock: liveness is judged by
+// when a renewal was observed, never by the writer's timestamps, so clocks
+// that disagree cannot make a live replica look dead or the reverse.
+type seenLease struct {
+	holder     string
+	trusted    []string
+	rv         string // resourceVersion and renewTime last seen
+	observedAt time.Time
+	duration   time.Duration
+}
+
+// replicaSet announces this replica in a Lease and watches the Leases of
+// the others, so a successor CA can wait until every live replica has
+// loaded it. Announcement errors (RBAC, API down) are logged once per
+// distinct error and retried with backoff; they never block rotation on
+// their own: a replica whose Lease cannot be seen is not waited for.
+type replicaSet struct {
+	client     kubernetes.Interface
+	namespace  string
+	authority  string // the CA Secret's name
+	id         string
+	leaseName  string
+	duration   time.Duration
+	clock      clock.WithTicker
+	report     *reporter
+	wantChange chan struct{}
+
+	mu      sync.Mutex
+	want    announcement
+	written announcement
+	wroteAt time.Time
+	seen    map[string]*seenLease // by Lease name
+}
+
+func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration time.Duration, clk clock.WithTicker) *replicaSet {
+	name := authority + "-" + id
+	if len(name) > validation.DNS1123SubdomainMaxLength {
+		sum := sha256.Sum256([]byte(name))
+		name = name[:validation.DNS1123SubdomainMaxLength-17] + "-" + hex.EncodeToString(sum[:8])
+	}
+	return &replicaSet{
+		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
+		duration: duration, clock: clk, report: &reporter{name: providerName + "/replica-announcement"},
+		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
+	}
+}
+
+// announce sets what this replica announces; the run loop writes it.
+func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string) {
+	slices.Sort(trusted)
+	sum := sha256.Sum256(bundle)
+	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial}
+	r.mu.Lock()
+	changed := a != r.want
+	r.want = a
+	r.mu.Unlock()
+	if changed {
+		select {
+		case r.wantChange <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pending returns "replica/<id>" for every live replica whose announcement
+// does not hold ca.
+func (r *replicaSet) pending(ca *x509.Certificate) []string {
+	fp := Fingerprint(ca)
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, l := range r.seen {
+		if now.Before(l.observedAt.Add(l.duration)) && !slices.Contains(l.trusted, fp) {
+			out = append(out, "replica/"+l.holder)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// run watches the Leases and writes this replica's until ctx is done.
+func (r *replicaSet) run(ctx context.Context, kick func()) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { r.watch(ctx, kick) })
+
+	retry := backoff.New(backoff.DefaultInitial, backoff.DefaultCap)
+	for {
+		wait, err := r.writeIfDue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			_ = r.report.failed(err)
+			wait = retry.Next(err)
+		} else {
+			r.report.succeeded()
+			retry.Reset()
+		}
+		t := r.clock.NewTimer(wait)
+		change := r.wantChange
+		if err != nil {
+			change = nil // back off even if the announcement changes
+		}
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-change:
+			t.Stop()
+		case <-t.C():
+		}
+	}
+}
+
+// writeIfDue writes the Lease when the announcement changed or a renewal
+// is due (a third of the lease duration after the last write), and returns
+// how long until the next renewal.
+func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
+	now := r.clock.Now()
+	renewEvery := r.duration / 3
+	r.mu.Lock()
+	want, written, wroteAt := r.want, r.written, r.wroteAt
+	r.mu.Unlock()
+	if want == (announcement{}) {
+		return renewEvery, nil // nothing loaded yet
+	}
+	if want == written && now.Before(wroteAt.Add(renewEvery)) {
+		return wroteAt.Add(renewEvery).Sub(now), nil
+	}
+	leases := r.client.CoordinationV1().Leases(r.namespace)
+	lease, err := leases.Get(ctx, r.leaseName, metav1.GetOptions{})
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return 0, fmt.Errorf("reading replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
+	}
+	if !exists {
+		lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: r.leaseName}}
+	}
+	if lease.Labels == nil {
+		lease.Labels = map[string]string{}
+	}
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Labels[AuthorityLeaseLabel] = r.authority
+	lease.Annotations[AuthorityTrustedCAsAnnotation] = want.trusted
+	lease.Annotations[AuthorityBundleHashAnnotation] = want.bundleHash
+	lease.Annotations[AuthorityLeafSerialAnnotation] = want.leafSerial
+	lease.Spec.HolderIdentity = ptr.To(r.id)
+	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
+	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	if exists {
+		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	} else {
+		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return 0, fmt.Errorf("writing replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
+	}
+	r.mu.Lock()
+	r.written, r.wroteAt = want, now
+	r.mu.Unlock()
+	return renewEvery, nil
+}
+
+func describeLeaseError(err error) error {
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("forbidden (RBAC must allow get, list, watch, create and update on leases.coordination.k8s.io in this namespace; until then other replicas do not wait for this one): %w", err)
+	}
+	return err
+}
+
+// watch keeps seen up to date from an informer on the Leases of this
+// Authority, and kicks the issuer when an announcement changes.
+func (r *replicaSet) watch(ctx context.Context, kick func()) {
+	selector := labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: r.authority}).String()
+	leases := r.client.CoordinationV1().Leases(r.namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.LabelSelector = selector
+			return leases.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.LabelSelector = selector
+			return leases.Watch(ctx, opts)
+		},
+	}
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, r.client), &coordinationv1.Lease{}, cache.SharedIndexInformerOptions{})
+	_ = informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
+			return
+		}
+		_ = r.report.failed(fmt.Errorf("watching replica leases in %s: %w", r.namespace, describeLeaseError(err)))
+	})
+	onChange := func(obj any) {
+		if l, ok := obj.(*coordinationv1.Lease); ok && r.observe(l) {
+			kick()
+		}
+	}
+	_, _ = informer.AddEventHandlerWithOptions(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onChange,
+		UpdateFunc: func(_, obj any) { onChange(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if l, ok := obj.(*coordinationv1.Lease); ok {
+				r.mu.Lock()
+				delete(r.seen, l.Name)
+				r.mu.Unlock()
+				kick()
+			}
+		},
+	}, cache.HandlerOptions{})
+	informer.RunWithContext(ctx)
+}
+
+// observe records a Lease and reports whether what it announces changed.
+func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
+	holder := l.Name
+	if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+		holder = *l.Spec.HolderIdentity
+	}
+	duration := r.duration
+	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
+		duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	var trusted []string
+	if v := l.Annotations[AuthorityTrustedCAsAnnotation]; v != "" {
+		trusted = strings.Split(v, ",")
+	}
+	// A renewal is a new resourceVersion or a new renewTime (clients that
+	// do not bump resourceVersions, and relists that repeat an object,
+	// are both handled).
+	version := l.ResourceVersion
+	if l.Spec.RenewTime != nil {
+		version += "/" + l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
+	}
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	prev := r.seen[l.Name]
+	if prev != nil && prev.rv == version {
+		return false
+	}
+	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, observedAt: now, duration: duration}
+	return prev == nil || !slices.Equal(prev.trusted, trusted)
+}
+
+// defaultReplicaID names this process: the host name (the pod name in a
+// cluster) and a random suffix, so that two processes never share a Lease.
+func defaultReplicaID(hostname string, random string) string {
+	id := strings.ToLower(hostname)
+	if errs := validation.IsDNS1123Subdomain(id); len(errs) > 0 || id == "" {
+		id = "replica"
+	}
+	return id + "-" + random
+}

@@ -1,0 +1,121 @@
+package dynamiccert
+
+import (
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"k8s.io/apiserver/pkg/server/healthz"
+
+	"github.com/evercert/evercert/internal/certmetrics"
+)
+
+// RotationStatus is where an issuer (SelfSigned, Authority) stands in its
+// CA rotation. Read it with Status; it is a copy the caller owns.
+type RotationStatus struct {
+	// Signing is the CA that signs leaves now; zero before the first check.
+	Signing CAStatus
+	// Successor is the CA published in the bundle that waits for its
+	// observers before it signs; nil when none waits.
+	Successor *SuccessorStatus
+	// Stalled is true when a successor still waits although the signing CA
+	// is so close to expiry that leaves are cut short (within the leaf
+	// renew-before of its NotAfter): an observer is not confirming.
+	Stalled bool
+	// UnsafeRotations counts the rotations since start in which a CA signed
+	// before it was observed, because no observed CA was valid any more.
+	UnsafeRotations int
+	// LastError is the last check's error, nil after a success.
+	LastError error
+}
+
+// CAStatus describes one CA certificate.
+type CAStatus struct {
+	CommonName  string
+	Serial      string
+	Fingerprint string
+	NotBefore   time.Time
+	NotAfter    time.Time
+}
+
+// SuccessorStatus describes a published successor CA.
+type SuccessorStatus struct {
+	CAStatus
+	// PublishedAt is when the successor joined the bundle, on the clock of
+	// the process that published it.
+	PublishedAt time.Time
+	// SignsNoEarlierThan is when the minimum propagation delay (plus the
+	// skew tolerance, for an Authority) has passed.
+	SignsNoEarlierThan time.Time
+	// Pending names the observers that have not confirmed the successor
+	// yet: local observers by name ("cabundle", "ca-bundle-file"), replicas
+	// as "replica/<id>". Empty once all have.
+	Pending []string
+}
+
+func describeCA(c *x509.Certificate) CAStatus {
+	return CAStatus{
+		CommonName: c.Subject.CommonName, Serial: serial(c), Fingerprint: Fingerprint(c),
+		NotBefore: c.NotBefore, NotAfter: c.NotAfter,
+	}
+}
+
+// updateStatus recomputes the status and the pending-observers gauge.
+func (i *issuer) updateStatus(st *caSet, now time.Time) {
+	s := RotationStatus{Signing: describeCA(st.signing.Cert)}
+	pending := 0
+	if st.next != nil {
+		succ := &SuccessorStatus{
+			CAStatus:           describeCA(st.next.Cert),
+			PublishedAt:        st.nextSince,
+			SignsNoEarlierThan: i.sched.signsNoEarlierThan(st),
+			Pending:            i.pending(st.next.Cert),
+		}
+		pending = len(succ.Pending)
+		s.Successor = succ
+		s.Stalled = !now.Before(st.signing.Cert.NotAfter.Add(-i.sched.leafRenewBefore))
+	}
+	certmetrics.PendingObservers(i.cfg.name, pending)
+	i.mu.Lock()
+	s.UnsafeRotations = i.unsafe
+	i.status = s
+	i.mu.Unlock()
+}
+
+// currentStatus returns a copy of the status with the last error.
+func (i *issuer) currentStatus() RotationStatus {
+	i.mu.RLock()
+	s := i.status
+	if s.Successor != nil {
+		succ := *s.Successor
+		succ.Pending = append([]string(nil), succ.Pending...)
+		s.Successor = &succ
+	}
+	i.mu.RUnlock()
+	s.LastError = i.report.lastError()
+	return s
+}
+
+// RotationReporter is what RotationCheck reads: SelfSigned and Authority.
+type RotationReporter interface {
+	Name() string
+	Status() RotationStatus
+}
+
+// RotationCheck returns a health check named "ca-rotation:<provider name>"
+// that fails while the rotation is stalled (a successor CA still waits for
+// observers although the signing CA is about to expire), naming the pending
+// observers. It belongs on /readyz and /healthz, not /livez: a restart does
+// not make an observer confirm.
+func RotationCheck(r RotationReporter) healthz.HealthChecker {
+	return healthz.NamedCheck("ca-rotation:"+r.Name(), func(*http.Request) error {
+		s := r.Status()
+		if s.Stalled && s.Successor != nil {
+			return fmt.Errorf("successor CA %s waits for %s while CA %s expires at %s",
+				s.Successor.Serial, strings.Join(s.Successor.Pending, ", "), s.Signing.Serial, s.Signing.NotAfter.UTC().Format(time.RFC3339))
+		}
+		return nil
+	})
+}
