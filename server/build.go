@@ -37,9 +37,10 @@ type Serving struct {
 	// it (the self-signed default); nil otherwise.
 	TrustBundle dynamiccertificates.CAContentProvider
 
-	runners []dynamiccertificates.ControllerRunner
-	synced  chan struct{}
-	once    sync.Once
+	runners    []dynamiccertificates.ControllerRunner
+	bundleFile *bundleFileWriter // nil without --ca-bundle-file
+	synced     chan struct{}
+	once       sync.Once
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -127,6 +128,14 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		}
 	}
 
+	if o.CABundleFile != "" && s.TrustBundle != nil {
+		s.bundleFile = newBundleFileWriter(o.CABundleFile, s.TrustBundle, o.Clock)
+		// A successor CA signs only once the file holds it.
+		if issuer, ok := s.TrustBundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+			issuer.AddObserver(s.bundleFile)
+		}
+	}
+
 	base, err := o.baseTLSConfig()
 	if err != nil {
 		return nil, err
@@ -187,9 +196,8 @@ func (s *Serving) Run(ctx context.Context) error {
 	if err := s.Controller.RunOnce(ctx); err != nil {
 		return fmt.Errorf("no serving certificate: %w", err)
 	}
-	var writer *bundleFileWriter
-	if s.opts.CABundleFile != "" && s.TrustBundle != nil {
-		writer = newBundleFileWriter(s.opts.CABundleFile, s.TrustBundle, s.opts.Clock)
+	writer := s.bundleFile
+	if writer != nil {
 		if err := writer.write(); err != nil {
 			return fmt.Errorf("--ca-bundle-file: %w", err)
 		}

@@ -3,16 +3,19 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 )
@@ -30,13 +33,43 @@ const (
 )
 
 // bundleFileWriter keeps a file equal to a CA provider's bundle, so clients
-// such as curl can trust a rotating self-signed CA.
+// such as curl can trust a rotating self-signed CA. It is also a
+// dynamiccert.Observer of that provider, named "ca-bundle-file": a
+// successor CA signs only once the file holds it.
 type bundleFileWriter struct {
 	path    string
 	source  dynamiccertificates.CAContentProvider
 	clock   clock.WithTicker
 	changed chan struct{}
-	written []byte
+
+	mu        sync.Mutex
+	written   []byte
+	listeners []dynamiccertificates.Listener
+}
+
+var (
+	_ dynamiccert.Observer         = &bundleFileWriter{}
+	_ dynamiccertificates.Notifier = &bundleFileWriter{}
+	_ dynamiccertificates.Listener = &bundleFileWriter{}
+)
+
+// Name implements dynamiccert.Observer.
+func (w *bundleFileWriter) Name() string { return "ca-bundle-file" }
+
+// Observed implements dynamiccert.Observer: the file as last written holds
+// ca.
+func (w *bundleFileWriter) Observed(ca *x509.Certificate) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return dynamiccert.BundleHolds(w.written, ca)
+}
+
+// AddListener implements dynamiccertificates.Notifier: l is told after
+// every successful write, so an issuer waiting for the file re-checks.
+func (w *bundleFileWriter) AddListener(l dynamiccertificates.Listener) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.listeners = append(w.listeners, l)
 }
 
 func newBundleFileWriter(path string, source dynamiccertificates.CAContentProvider, clk clock.WithTicker) *bundleFileWriter {
@@ -109,7 +142,10 @@ func (w *bundleFileWriter) run(ctx context.Context) {
 // the random temporary file, so that a repeated failure reads the same.
 func (w *bundleFileWriter) write() error {
 	bundle := w.source.CurrentCABundleContent()
-	if bytes.Equal(bundle, w.written) {
+	w.mu.Lock()
+	same := bytes.Equal(bundle, w.written)
+	w.mu.Unlock()
+	if same {
 		return nil
 	}
 	if err := w.replace(bundle); err != nil {
@@ -117,8 +153,14 @@ func (w *bundleFileWriter) write() error {
 		return fmt.Errorf("writing CA bundle %s: %w", w.path, err)
 	}
 	certmetrics.CABundlePublished(bundleFileKind, "success")
+	w.mu.Lock()
 	w.written = bundle
+	listeners := w.listeners
+	w.mu.Unlock()
 	klog.V(2).InfoS("Wrote CA bundle file", "path", w.path, "bytes", len(bundle))
+	for _, l := range listeners {
+		l.Enqueue()
+	}
 	return nil
 }
 

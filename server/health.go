@@ -12,6 +12,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/sni"
 )
@@ -76,7 +77,10 @@ func (s *Serving) InstallHandlers(mux *http.ServeMux, checks ...healthz.HealthCh
 //   - /livez: checks.Liveness only (a ping when there are none). A failing
 //     /livez should make the kubelet restart the process, so nothing a
 //     restart cannot fix is on it.
-//   - /readyz: serving-certificate, checks.Liveness and checks.Readiness.
+//   - /readyz: serving-certificate, ca-rotation:<provider> (for the
+//     self-signed default and --ca-secret: fails while a CA rotation is
+//     stalled, see dynamiccert.RotationCheck), checks.Liveness and
+//     checks.Readiness.
 //   - /healthz: the same as /readyz; it is the legacy endpoint that reports
 //     every check, not a liveness probe.
 //
@@ -85,6 +89,11 @@ func (s *Serving) InstallHandlersWithChecks(mux *http.ServeMux, checks HealthChe
 	certmetrics.Register()
 	live := slices.Clone(checks.Liveness)
 	all := append([]healthz.HealthChecker{ServingCertificateCheck(s.Controller, s.opts.Clock)}, checks.Liveness...)
+	if r, ok := s.TrustBundle.(dynamiccert.RotationReporter); ok {
+		// A stalled CA rotation waits for an observer; a restart does not
+		// help, so it is a readiness check.
+		all = append(all, dynamiccert.RotationCheck(r))
+	}
 	all = append(all, checks.Readiness...)
 	healthz.InstallHandler(mux, all...)
 	healthz.InstallLivezHandler(mux, live...)
