@@ -14,3 +14,63 @@
 // evercert_certificate_load_errors_total, and keeps exposing the last good
 // content. Listeners are notified only when the content really changed.
 package dynamiccert
+
+// # Observed rotation
+//
+// SelfSigned and Authority are issuers: they make a CA and sign this
+// process's serving leaf with it. They share one schedule and one Run loop,
+// and differ only in where the CA state lives (memory, or a Secret shared by
+// replicas) and in whether replicas coordinate. A CA rotation has three
+// phases, and a CA never signs a leaf before it has been seen:
+//
+//  1. Publish. CARenewBefore ahead of the signing CA's expiry, a successor
+//     CA joins every bundle the issuer publishes: its CAContentProvider
+//     (and so the caBundle targets and the bundle file fed from it) and,
+//     for an Authority, the Secret's ca.crt.
+//  2. Observe. The successor signs only once PropagationDelay (the minimum
+//     delay, for consumers evercert cannot see) has passed and every
+//     observer confirmed it:
+//     - each Observer (AddObserver): a cabundle.Publisher confirms when
+//     every target, read back from the API server, holds the successor;
+//     the server package's --ca-bundle-file writer confirms once the
+//     file holds it;
+//     - for an Authority, every live replica: each replica announces in a
+//     coordination.k8s.io/v1 Lease (label evercert.io/authority=<Secret
+//     name>) the fingerprints of the CAs it has loaded and its own
+//     observers confirmed, the hash of its bundle and its leaf serial. A
+//     replica whose Lease has not been seen renewed for its lease duration
+//     is not waited for. Liveness is judged by when a renewal was seen on
+//     the observer's clock, never by the writer's timestamps.
+//  3. Retire. The old CA stays in every bundle until it expires.
+//
+// Status reports the phase: the signing CA, the Successor with the time it
+// was published, when its minimum delay ends and the observers still
+// Pending, and whether the rotation is Stalled (a successor still waits
+// although the signing CA is within the leaf renew-before of its expiry).
+// RotationCheck turns that into a readiness check, and
+// evercert_ca_rotation_pending_observers{provider} counts the pending
+// observers.
+//
+// After a pause (a suspended VM, every replica down) the observed CA keeps
+// signing while it is valid, and its leaves are capped at its NotAfter; the
+// successor is published at wake-up and observed as usual. Only when no
+// observed CA is valid any more does a CA sign before it was observed: the
+// published successor if it is still valid, or else a fresh CA. That is an
+// unsafe rotation: clients that did not refresh their trust fail until they
+// do. It is counted in Status().UnsafeRotations and
+// evercert_unsafe_rotations_total{provider}, logged at error level, and sent
+// as a Warning Event (reason UnsafeCARotation) when an EventRecorder is
+// configured.
+//
+// Clock skew: replicas and clients may disagree by up to SkewTolerance
+// (default one hour, less for short lifetimes). Certificates are backdated
+// by it; a CA that is not yet valid by less than it is accepted, so a slow
+// replica never replaces a CA a fast one made; and an Authority's minimum
+// delay is lengthened by it.
+//
+// Faults: every failed check is retried with exponential backoff, jitter
+// and a cap (internal/backoff), at least as long as a 429's Retry-After; a
+// write conflict means re-read and decide again. An Authority that finds
+// its Secret deleted, or rolled back to older content, writes back the CAs
+// it knows instead of starting a CA no client trusts. To force a new CA,
+// delete the Secret and restart every replica.
