@@ -1,8 +1,10 @@
 package cabundle
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -36,12 +38,66 @@ type slot struct {
 // objectView is what the publisher needs to know about one cached object.
 type objectView struct {
 	name            string
+	uid             types.UID
 	resourceVersion string
 	labels          map[string]string
+	// owners are the field managers that own a caBundle field of the
+	// object (any of them, selected or not), to name another writer.
+	owners []fieldOwner
 	// slots lists the caBundle fields that may be written, in object order.
 	slots []slot
 	// none says why slots is empty, for the "waiting" log line.
 	none string
+}
+
+// fieldOwner is a managedFields entry that owns a caBundle field.
+type fieldOwner struct {
+	manager   string
+	operation metav1.ManagedFieldsOperationType
+	time      time.Time
+}
+
+// caBundleOwners returns the managers among mf that own a caBundle field.
+// An entry without fieldsV1 counts: the informer transforms keep exactly
+// those entries, and drop their (possibly large) fieldsV1.
+func caBundleOwners(mf []metav1.ManagedFieldsEntry) []fieldOwner {
+	var out []fieldOwner
+	for _, e := range mf {
+		if e.FieldsV1 != nil && !bytes.Contains(e.FieldsV1.Raw, []byte(`"f:caBundle"`)) {
+			continue
+		}
+		o := fieldOwner{manager: e.Manager, operation: e.Operation}
+		if e.Time != nil {
+			o.time = e.Time.Time
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// trimManagedFields keeps, of mf, the entries that own a caBundle field,
+// without their fieldsV1; nil when there are none.
+func trimManagedFields(mf []metav1.ManagedFieldsEntry) []metav1.ManagedFieldsEntry {
+	var out []metav1.ManagedFieldsEntry
+	for _, e := range mf {
+		if e.FieldsV1 == nil || !bytes.Contains(e.FieldsV1.Raw, []byte(`"f:caBundle"`)) {
+			continue
+		}
+		e.FieldsV1 = nil
+		out = append(out, e)
+	}
+	return out
+}
+
+// newView starts the objectView of an object from its metadata.
+func newView(m *metav1.ObjectMeta) objectView {
+	return objectView{
+		name:            m.Name,
+		uid:             m.UID,
+		resourceVersion: m.ResourceVersion,
+		labels:          m.Labels,
+		owners:          caBundleOwners(m.ManagedFields),
+	}
 }
 
 // kindAdapter holds everything kind specific; the publisher's logic is
@@ -73,7 +129,8 @@ func serviceRef(namespace, name string) *ServiceRef {
 
 // The informer transforms below drop what the publisher never reads before
 // an object is cached: managedFields, often the largest part of these
-// objects, and, for CRDs, more. They work on a shallow copy rather than in
+// objects, except who owns a caBundle field (to name another writer), and,
+// for CRDs, more. They work on a shallow copy rather than in
 // place: a real client decodes a fresh object for every event, but a fake
 // one hands out the very object it stores, and writing to that would be a
 // data race; the copy costs one struct per event.
@@ -81,7 +138,7 @@ func serviceRef(namespace, name string) *ServiceRef {
 func trimValidatingWebhookConfiguration(obj any) (any, error) {
 	if o, ok := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
 		c := *o
-		c.ManagedFields = nil
+		c.ManagedFields = trimManagedFields(o.ManagedFields)
 		return &c, nil
 	}
 	return obj, nil
@@ -90,7 +147,7 @@ func trimValidatingWebhookConfiguration(obj any) (any, error) {
 func trimMutatingWebhookConfiguration(obj any) (any, error) {
 	if o, ok := obj.(*admissionregistrationv1.MutatingWebhookConfiguration); ok {
 		c := *o
-		c.ManagedFields = nil
+		c.ManagedFields = trimManagedFields(o.ManagedFields)
 		return &c, nil
 	}
 	return obj, nil
@@ -99,7 +156,7 @@ func trimMutatingWebhookConfiguration(obj any) (any, error) {
 func trimAPIService(obj any) (any, error) {
 	if o, ok := obj.(*apiregistrationv1.APIService); ok {
 		c := *o
-		c.ManagedFields = nil
+		c.ManagedFields = trimManagedFields(o.ManagedFields)
 		return &c, nil
 	}
 	return obj, nil
@@ -163,7 +220,7 @@ func validatingWebhookAdapter(client kubernetes.Interface) *kindAdapter {
 			if !ok {
 				return objectView{}, false
 			}
-			v := objectView{name: o.Name, resourceVersion: o.ResourceVersion, labels: o.Labels}
+			v := newView(&o.ObjectMeta)
 			for i, wh := range o.Webhooks {
 				v.slots = append(v.slots, webhookSlot(i, wh.Name, wh.ClientConfig))
 			}
@@ -193,7 +250,7 @@ func mutatingWebhookAdapter(client kubernetes.Interface) *kindAdapter {
 			if !ok {
 				return objectView{}, false
 			}
-			v := objectView{name: o.Name, resourceVersion: o.ResourceVersion, labels: o.Labels}
+			v := newView(&o.ObjectMeta)
 			for i, wh := range o.Webhooks {
 				v.slots = append(v.slots, webhookSlot(i, wh.Name, wh.ClientConfig))
 			}
@@ -212,7 +269,7 @@ func mutatingWebhookAdapter(client kubernetes.Interface) *kindAdapter {
 
 // crdView extracts the conversion webhook slot of a CRD.
 func crdView(o *apiextensionsv1.CustomResourceDefinition) objectView {
-	v := objectView{name: o.Name, resourceVersion: o.ResourceVersion, labels: o.Labels}
+	v := newView(&o.ObjectMeta)
 	conv := o.Spec.Conversion
 	switch {
 	case conv == nil || conv.Strategy != apiextensionsv1.WebhookConverter:
@@ -239,7 +296,7 @@ func crdView(o *apiextensionsv1.CustomResourceDefinition) objectView {
 func trimCRD(obj any) (any, error) {
 	if o, ok := obj.(*apiextensionsv1.CustomResourceDefinition); ok {
 		c := *o
-		c.ManagedFields = nil
+		c.ManagedFields = trimManagedFields(o.ManagedFields)
 		c.Spec.Versions = nil
 		c.Status = apiextensionsv1.CustomResourceDefinitionStatus{}
 		return &c, nil
@@ -281,7 +338,7 @@ func crdAdapter(client apiextensionsclient.Interface) *kindAdapter {
 
 // apiServiceView extracts the spec.caBundle slot of an APIService.
 func apiServiceView(o *apiregistrationv1.APIService) objectView {
-	v := objectView{name: o.Name, resourceVersion: o.ResourceVersion, labels: o.Labels}
+	v := newView(&o.ObjectMeta)
 	switch {
 	case o.Spec.Service == nil:
 		// Local APIServices are served by the kube-apiserver itself, and

@@ -4,25 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 const (
@@ -30,11 +29,16 @@ const (
 	DefaultResync = time.Minute
 	// DefaultFieldManager is the default field manager of every write.
 	DefaultFieldManager = "evercert"
+	// DefaultName is the default name of the publisher as an observer
+	// (dynamiccert.Observer) and of its health check.
+	DefaultName = "cabundle"
 
-	// Retry backoff per target. The base is short because the common
-	// failure, a conflict with a cache that is a few milliseconds behind,
-	// resolves almost at once; the cap keeps a forbidden or unreachable API
-	// from being hammered while still retrying twice a minute.
+	// Retry backoff per target after a failed write (internal/backoff:
+	// exponential, jittered, capped, at least a server's Retry-After). The
+	// base is short because the common failure, a conflict with a cache
+	// that is a few milliseconds behind, resolves almost at once; the cap
+	// keeps a forbidden or unreachable API from being hammered while still
+	// retrying about twice a minute.
 	retryBaseDelay = 100 * time.Millisecond
 	retryMaxDelay  = 30 * time.Second
 
@@ -52,6 +56,7 @@ const (
 	resultUnchanged = "unchanged"
 	resultConflict  = "conflict"
 	resultError     = "error"
+	resultContested = "contested"
 )
 
 // Config configures a [Publisher].
@@ -90,40 +95,78 @@ type Config struct {
 	// minute); it must not be negative.
 	Resync time.Duration
 
-	// UseServerSideApply writes with server-side apply (force, so that a
-	// caBundle someone else wrote is taken over) instead of a JSON patch.
-	// The applied object holds only the caBundle fields and, for webhook
-	// configurations, the name of each selected webhook, which is the key of
-	// the webhooks list. Note that co-owning that key has the usual
-	// server-side-apply consequence: a webhook the publisher writes into is
-	// not removed by another manager's apply that omits it; remove the
-	// target first, or delete the webhook with an update or JSON patch.
+	// UseServerSideApply writes with server-side apply instead of a JSON
+	// patch. The applied object holds only the caBundle fields and, for
+	// webhook configurations, the name of each selected webhook, which is
+	// the key of the webhooks list. The apply is not forced: a caBundle
+	// that another field manager owns is a conflict, reported as contested,
+	// and taken over with a forced apply only after the contested backoff
+	// (see the package documentation). Note that co-owning the webhook
+	// name key has the usual server-side-apply consequence: a webhook the
+	// publisher writes into is not removed by another manager's apply that
+	// omits it; remove the target first, or delete the webhook with an
+	// update or JSON patch.
 	UseServerSideApply bool
 
 	// FieldManager is the field manager of every write, in both modes.
 	// Empty means DefaultFieldManager ("evercert").
 	FieldManager string
+
+	// Name names the publisher as an observer of a CA rotation (its Name
+	// method) and its health check. Empty means DefaultName ("cabundle").
+	Name string
+
+	// Clock drives every timer of the publisher: the resync ticker, the
+	// retry and contested backoffs (through its work queue), and the
+	// window in which repeated overwrites make an object contested. Nil
+	// means the real clock. A test can pass a fake clock
+	// (k8s.io/utils/clock/testing) and step it to drive retries. The
+	// informers' own timers (watch restarts) stay on the real clock.
+	Clock clock.WithTicker
+
+	// EventRecorder, when set, receives an Event on the object whose
+	// caBundle is contested (Warning CABundleContested), forcibly taken
+	// over with server-side apply (Warning CABundleForced), and no longer
+	// contested (Normal CABundleUncontested). The object is given as an
+	// ObjectReference, so the recorder's scheme need not know its kind.
+	// Events of cluster-scoped objects land in namespace "default".
+	EventRecorder events.EventRecorder
 }
 
 // Publisher keeps the caBundle of its targets equal to its source's current
 // bundle; see the package documentation for how. Create it with [New] and
 // start it with [Publisher.Run]. Its methods are safe for concurrent use.
+//
+// A Publisher is a dynamiccert.Observer of the bundle it publishes: see
+// [Publisher.Observed].
 type Publisher struct {
+	name         string
 	source       dynamiccertificates.CAContentProvider
 	targets      []*targetState
 	resync       time.Duration
 	ssa          bool
 	fieldManager string
+	clock        clock.WithTicker
+	recorder     events.EventRecorder
 
 	// queue holds target indexes. A target is the unit of work, so bursts
-	// of events about it (bundle change, watch events, resync) coalesce,
-	// and retries back off per target.
-	queue   workqueue.TypedRateLimitingInterface[int]
+	// of events about it (bundle change, watch events, resync) coalesce.
+	// Retries and contested write-backs are scheduled with AddAfter on the
+	// queue's clock.
+	queue   workqueue.TypedDelayingInterface[int]
 	started atomic.Bool
 	ready   chan struct{}
 
 	// logger is set by Run before any goroutine that reads it starts.
 	logger klog.Logger
+
+	// contests tracks objects whose caBundle another writer keeps changing.
+	contests *contests
+
+	// obsMu guards every targetState.readBack; listeners are notified
+	// when one changes.
+	obsMu     sync.RWMutex
+	listeners listeners
 
 	mu       sync.Mutex
 	notReady int                    // targets not yet published once
@@ -131,22 +174,27 @@ type Publisher struct {
 	written  map[string]writeRecord // object key -> last successful write
 }
 
-// writeRecord remembers a successful write so that a cache which has not yet
-// seen it is not mistaken for drift: without it, every event that arrives
-// between the write and its watch event would write again (and, with the
-// resourceVersion precondition, fail with a spurious conflict).
-type writeRecord struct {
-	// fromRV is the resourceVersion the write was based on.
-	fromRV string
-	bundle string
-}
-
 // targetState is a target with its informer and progress.
 type targetState struct {
 	Target
+	index    int
 	adapter  *kindAdapter
 	informer cache.SharedIndexInformer
-	ready    bool // guarded by Publisher.mu
+	// handler is the registration of the publisher's event handler; it has
+	// synced once the handler saw every object of the initial list, that
+	// is once readBack is complete.
+	handler cache.ResourceEventHandlerRegistration
+	ready   bool // guarded by Publisher.mu
+
+	// retry is the backoff after failed writes. Only the worker that holds
+	// the target's queue item uses it, and the queue never hands one item
+	// to two workers at once.
+	retry *backoff.Backoff
+
+	// readBack holds, by object name, what the fields this target selects
+	// held when the informer last saw the object; guarded by
+	// Publisher.obsMu. Objects with no such field are absent.
+	readBack map[string]objectReadBack
 }
 
 // New validates cfg, builds any missing client and the informers, and
@@ -163,16 +211,20 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("cabundle: Config.Resync must not be negative, got %v", cfg.Resync)
 	}
 	p := &Publisher{
+		name:         cfg.Name,
 		source:       cfg.Source,
 		resync:       cfg.Resync,
 		ssa:          cfg.UseServerSideApply,
 		fieldManager: cfg.FieldManager,
-		queue: workqueue.NewTypedRateLimitingQueue(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[int](retryBaseDelay, retryMaxDelay)),
-		ready:   make(chan struct{}),
-		logger:  klog.Background(),
-		logged:  make(map[string]string),
-		written: make(map[string]writeRecord),
+		clock:        cfg.Clock,
+		recorder:     cfg.EventRecorder,
+		ready:        make(chan struct{}),
+		logger:       klog.Background(),
+		logged:       make(map[string]string),
+		written:      make(map[string]writeRecord),
+	}
+	if p.name == "" {
+		p.name = DefaultName
 	}
 	if p.resync == 0 {
 		p.resync = DefaultResync
@@ -180,6 +232,11 @@ func New(cfg Config) (*Publisher, error) {
 	if p.fieldManager == "" {
 		p.fieldManager = DefaultFieldManager
 	}
+	if p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
+	p.queue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[int]{Clock: p.clock})
+	p.contests = newContests(p.clock)
 
 	// Validate everything before building any client, so that a bad
 	// target is reported as such rather than as a missing client.
@@ -199,29 +256,24 @@ func New(cfg Config) (*Publisher, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cabundle: target %d (%s): %w", i, t, err)
 		}
-		ts := &targetState{Target: t, adapter: a, informer: a.newInformer(listOptionsFor(t))}
+		ts := &targetState{
+			Target:   t,
+			index:    i,
+			adapter:  a,
+			informer: a.newInformer(listOptionsFor(t)),
+			retry:    backoff.New(retryBaseDelay, retryMaxDelay),
+			readBack: make(map[string]objectReadBack),
+		}
 		if err := ts.informer.SetTransform(a.transform); err != nil {
 			return nil, fmt.Errorf("cabundle: target %d (%s): set informer transform: %w", i, t, err)
 		}
-		idx := i
-		enqueue := func() { p.queue.Add(idx) }
-		if _, err := ts.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { enqueue() },
-			UpdateFunc: func(any, any) { enqueue() },
-			DeleteFunc: func(obj any) {
-				// Drop the bookkeeping of the object, so that objects
-				// coming and going under a selector do not accumulate.
-				// The target is queued because a deleted named object
-				// goes back to waiting, which is worth a log line.
-				if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-					p.forget(objectKey(t.Kind, name))
-				}
-				enqueue()
-			},
-		}); err != nil {
+		// The targets slice must be complete before any handler runs
+		// (handlers look at the other targets); informers only start in
+		// Run, so appending first is enough.
+		p.targets = append(p.targets, ts)
+		if ts.handler, err = ts.informer.AddEventHandler(p.eventHandler(ts)); err != nil {
 			return nil, fmt.Errorf("cabundle: target %d (%s): add event handler: %w", i, t, err)
 		}
-		p.targets = append(p.targets, ts)
 	}
 	p.notReady = len(p.targets)
 	return p, nil
@@ -319,10 +371,10 @@ func (p *Publisher) enqueueAll() {
 	}
 }
 
-// Run starts the informers, the workers and the resync timer and blocks until
-// ctx is done. It then stops everything it started and returns nil once no
-// goroutine of the publisher is left. Logging uses klog.FromContext(ctx). Run
-// may be called only once; a second call returns an error at once.
+// Run starts the informers, the workers and the resync ticker and blocks
+// until ctx is done. It then stops everything it started and returns nil once
+// no goroutine of the publisher is left. Logging uses klog.FromContext(ctx).
+// Run may be called only once; a second call returns an error at once.
 func (p *Publisher) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("cabundle: Publisher.Run called more than once")
@@ -345,10 +397,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 		// A target is worked on only once its own cache is complete, so
 		// that "missing" really means missing. Each target waits for itself
 		// alone: one kind the identity may not list must not hold up the
-		// others.
+		// others. Its read-back state is complete once the handler has
+		// seen the initial list, which observers are told about.
 		wg.Go(func() {
-			if cache.WaitForCacheSync(ctx.Done(), t.informer.HasSynced) {
+			if cache.WaitForCacheSync(ctx.Done(), t.informer.HasSynced, t.handler.HasSynced) {
 				p.queue.Add(i)
+				p.listeners.notify()
 			}
 		})
 	}
@@ -359,13 +413,13 @@ func (p *Publisher) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() {
-		ticker := time.NewTicker(p.resync)
+		ticker := p.clock.NewTicker(p.resync)
 		defer ticker.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-ticker.C:
+			case <-ticker.C():
 				p.enqueueAll()
 			}
 		}
@@ -375,266 +429,4 @@ func (p *Publisher) Run(ctx context.Context) error {
 	<-ctx.Done()
 	p.logger.V(1).Info("Stopping caBundle publisher")
 	return nil
-}
-
-// processNext works on one target; it returns false once the queue is shut
-// down.
-func (p *Publisher) processNext(ctx context.Context) bool {
-	i, shutdown := p.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer p.queue.Done(i)
-	if err := p.syncTarget(ctx, p.targets[i]); err != nil {
-		if ctx.Err() == nil {
-			p.queue.AddRateLimited(i)
-		}
-		return true
-	}
-	p.queue.Forget(i)
-	return true
-}
-
-// syncTarget publishes to every object of t that needs it. It returns an
-// error (already counted and logged) when any write failed, so that the
-// target is retried with backoff.
-func (p *Publisher) syncTarget(ctx context.Context, t *targetState) error {
-	if !t.informer.HasSynced() {
-		// Queued by an event of the initial list; the waiter in Run queues
-		// the target again once the list is complete.
-		return nil
-	}
-	bundle := p.source.CurrentCABundleContent()
-	if len(bundle) == 0 {
-		// An empty caBundle would make the API server fall back to the
-		// system roots; never write one.
-		p.logState("source", "waiting", "Waiting for the CA provider to have a bundle", "provider", p.source.Name())
-		return nil
-	}
-	p.logState("source", "ok", "")
-
-	var views []objectView
-	indexer := t.informer.GetIndexer()
-	if t.Name != "" {
-		obj, exists, err := indexer.GetByKey(t.Name)
-		if err != nil {
-			return fmt.Errorf("reading %s %q from the informer cache: %w", t.Kind, t.Name, err)
-		}
-		if !exists {
-			p.logState(objectKey(t.Kind, t.Name), "waiting: missing",
-				"Waiting for the object to exist before publishing its caBundle", "kind", t.Kind, "name", t.Name)
-			return nil
-		}
-		if v, ok := t.adapter.view(obj); ok {
-			views = append(views, v)
-		}
-	} else {
-		for _, obj := range indexer.List() {
-			if v, ok := t.adapter.view(obj); ok && t.selects(v.name, v.labels) {
-				views = append(views, v)
-			}
-		}
-		slices.SortFunc(views, func(a, b objectView) int { return strings.Compare(a.name, b.name) })
-	}
-
-	var errs []error
-	published := t.Name == "" // a selector target is done when nothing failed
-	for _, v := range views {
-		ok, err := p.publish(ctx, t, v, bundle)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if ok {
-			published = true
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	if published {
-		p.markReady(t)
-	}
-	return nil
-}
-
-// publish writes bundle into the object v when it differs. published is
-// true when the object holds the bundle afterwards.
-func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, bundle []byte) (published bool, err error) {
-	kind := t.Kind
-	key := objectKey(kind, v.name)
-	logger := p.logger.WithValues("kind", kind, "name", v.name)
-
-	selected := p.selectedSlots(kind, v)
-	if len(selected) == 0 {
-		reason := v.none
-		if reason == "" && t.Service != nil {
-			reason = "no caBundle field of it refers to service " + t.Service.String()
-		}
-		if t.Name != "" {
-			p.logState(key, "waiting: "+reason,
-				"Waiting for the object to have a caBundle field to publish to", "kind", kind, "name", v.name, "reason", reason)
-		} else {
-			// A selector can legitimately match objects of no concern.
-			logger.V(4).Info("Skipping object with nothing to publish to", "reason", reason)
-		}
-		return false, nil
-	}
-	if p.cacheBehindOwnWrite(key, v.resourceVersion, bundle) {
-		certmetrics.CABundlePublished(string(kind), resultUnchanged)
-		return true, nil
-	}
-	stale := 0
-	for _, s := range selected {
-		if string(s.current) != string(bundle) {
-			stale++
-		}
-	}
-	if stale == 0 {
-		certmetrics.CABundlePublished(string(kind), resultUnchanged)
-		p.logState(key, "ok", "")
-		return true, nil
-	}
-
-	pt, data, err := p.buildWrite(t.adapter, v, selected, bundle)
-	if err != nil {
-		// Encoding plain maps and slices cannot fail; report it anyway.
-		certmetrics.CABundlePublished(string(kind), resultError)
-		return false, fmt.Errorf("encoding caBundle %s for %s %q: %w", pt, kind, v.name, err)
-	}
-	opts := metav1.PatchOptions{FieldManager: p.fieldManager}
-	if p.ssa {
-		opts.Force = new(true)
-	}
-	err = t.adapter.patch(ctx, v.name, pt, data, opts)
-	switch {
-	case err == nil:
-		p.recordWrite(key, v.resourceVersion, bundle)
-		certmetrics.CABundlePublished(string(kind), resultSuccess)
-		p.logState(key, "ok", "")
-		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa)
-		return true, nil
-	case ctx.Err() != nil:
-		// Shutting down; the failure says nothing about the target.
-		return false, ctx.Err()
-	case apierrors.IsNotFound(err):
-		// Deleted after it was cached. The informer's delete event queues
-		// the target again, which then waits for the object.
-		return false, nil
-	case apierrors.IsConflict(err):
-		// Someone else wrote the object after the cache saw it, or the
-		// cache is behind our own previous write. Expected, not an error:
-		// the retry works on the newer version.
-		certmetrics.CABundlePublished(string(kind), resultConflict)
-		logger.V(2).Info("Conflict publishing caBundle, will retry", "err", err)
-		return false, fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
-	default:
-		certmetrics.CABundlePublished(string(kind), resultError)
-		err = fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
-		p.logErrorOnce(key, err)
-		return false, err
-	}
-}
-
-// selectedSlots returns the slots of v that any target of kind selects. The
-// union across targets matters for server-side apply: an apply releases the
-// fields it omits, so two targets applying different subsets of one object
-// under the same field manager would undo each other forever.
-func (p *Publisher) selectedSlots(kind Kind, v objectView) []slot {
-	var out []slot
-	for _, s := range v.slots {
-		for _, t := range p.targets {
-			if t.Kind == kind && t.selects(v.name, v.labels) && t.wantsService(s.service) {
-				out = append(out, s)
-				break
-			}
-		}
-	}
-	return out
-}
-
-// markReady records that t has been published once, and closes the ready
-// channel when it was the last one.
-func (p *Publisher) markReady(t *targetState) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t.ready {
-		return
-	}
-	t.ready = true
-	p.notReady--
-	p.logger.V(1).Info("Target published", "target", t.Target.String())
-	if p.notReady == 0 {
-		close(p.ready)
-		p.logger.Info("caBundle published to every target", "targets", len(p.targets))
-	}
-}
-
-// recordWrite remembers that the object key, at resourceVersion fromRV, was
-// successfully written with bundle.
-func (p *Publisher) recordWrite(key, fromRV string, bundle []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.written[key] = writeRecord{fromRV: fromRV, bundle: string(bundle)}
-}
-
-// cacheBehindOwnWrite reports whether the cached object at rv is the very
-// version our last write of bundle was based on: then the server already has
-// the bundle and the write's watch event is on its way. Any other version
-// (someone else's write, or our write arriving) ends that state. Objects
-// without a resourceVersion (fake clients) are never treated so.
-func (p *Publisher) cacheBehindOwnWrite(key, rv string, bundle []byte) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	w, ok := p.written[key]
-	if !ok || rv == "" {
-		return false
-	}
-	if w.fromRV == rv && w.bundle == string(bundle) {
-		return true
-	}
-	delete(p.written, key)
-	return false
-}
-
-// forget drops the log and write bookkeeping of an object.
-func (p *Publisher) forget(key string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.logged, key)
-	delete(p.written, key)
-}
-
-// objectKey identifies one object for the log-once bookkeeping.
-func objectKey(kind Kind, name string) string { return string(kind) + "/" + name }
-
-// logState logs msg (at info level) when key enters state, and nothing while
-// it stays there, so that a target waiting for hours logs once. Leaving an
-// error state for "ok" logs a recovery. An empty msg logs nothing.
-func (p *Publisher) logState(key, state, msg string, kv ...any) {
-	p.mu.Lock()
-	prev, seen := p.logged[key]
-	p.logged[key] = state
-	p.mu.Unlock()
-	if seen && prev == state {
-		return
-	}
-	if msg != "" {
-		p.logger.Info(msg, kv...)
-	} else if strings.HasPrefix(prev, "error: ") {
-		p.logger.Info("caBundle publishing recovered", "object", key)
-	}
-}
-
-// logErrorOnce logs err unless the last error logged for key had the same
-// text: a permanent failure (say, forbidden) retried with backoff logs once,
-// not at every retry.
-func (p *Publisher) logErrorOnce(key string, err error) {
-	state := "error: " + err.Error()
-	p.mu.Lock()
-	prev := p.logged[key]
-	p.logged[key] = state
-	p.mu.Unlock()
-	if prev != state {
-		p.logger.Error(err, "Failed to publish caBundle, will retry with backoff", "object", key)
-	}
 }

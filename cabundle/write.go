@@ -2,7 +2,13 @@ package cabundle
 
 import (
 	"encoding/json"
+	"errors"
+	"regexp"
+	"slices"
+	"strconv"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -50,4 +56,53 @@ func jsonPatch(v objectView, selected []slot, bundle []byte, indexed bool) []jso
 		}
 	}
 	return ops
+}
+
+// isApplyConflict reports whether err is a server-side apply conflict with
+// another field manager (rather than an optimistic-concurrency conflict).
+func isApplyConflict(err error) bool {
+	if !apierrors.IsConflict(err) {
+		return false
+	}
+	for _, c := range statusCauses(err) {
+		if c.Type == metav1.CauseTypeFieldManagerConflict {
+			return true
+		}
+	}
+	return false
+}
+
+// conflictManagerRE matches the manager in a conflict cause message, e.g.
+// `conflict with "helm" using admissionregistration.k8s.io/v1`.
+var conflictManagerRE = regexp.MustCompile(`^conflict with ("(?:[^"\\]|\\.)*")`)
+
+// conflictManagers returns the field managers, other than ours, that an
+// apply conflict names, sorted and without duplicates. A conflict whose
+// managers cannot be read names "unknown".
+func conflictManagers(err error, ours string) []string {
+	var out []string
+	for _, c := range statusCauses(err) {
+		if c.Type != metav1.CauseTypeFieldManagerConflict {
+			continue
+		}
+		name := "unknown"
+		if m := conflictManagerRE.FindStringSubmatch(c.Message); m != nil {
+			if s, err := strconv.Unquote(m[1]); err == nil {
+				name = s
+			}
+		}
+		if name != ours {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func statusCauses(err error) []metav1.StatusCause {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return nil
+	}
+	return status.Status().Details.Causes
 }

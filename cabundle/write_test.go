@@ -327,6 +327,33 @@ func TestInformerTransformsTrimCopies(t *testing.T) {
 	if len(crd.Spec.Versions) != 1 || len(crd.Status.StoredVersions) != 1 {
 		t.Error("CRD input modified")
 	}
+
+	// Who owns a caBundle is kept (to name another writer), without the
+	// fields themselves.
+	now := metav1.Now()
+	owned := vwcFixture(nil, nil)
+	owned.ManagedFields = []metav1.ManagedFieldsEntry{
+		{Manager: "helm", Operation: metav1.ManagedFieldsOperationUpdate, Time: &now,
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:webhooks":{"k:{\"name\":\"a\"}":{"f:clientConfig":{"f:caBundle":{}}}}}`)}},
+		{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate, Time: &now,
+			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{}}}`)}},
+	}
+	a := validatingWebhookAdapter(nil)
+	out, err := a.transform(owned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf = out.(*admissionregistrationv1.ValidatingWebhookConfiguration).ManagedFields
+	if len(mf) != 1 || mf[0].Manager != "helm" || mf[0].FieldsV1 != nil {
+		t.Errorf("trimmed managedFields %+v, want helm's entry alone, without fieldsV1", mf)
+	}
+	v, _ := a.view(out)
+	if otherWriter(v, DefaultFieldManager) != "helm" {
+		t.Errorf("owners %+v, want helm", v.owners)
+	}
+	if v, _ := a.view(owned); otherWriter(v, DefaultFieldManager) != "helm" {
+		t.Errorf("owners of the untrimmed object %+v, want helm", v.owners)
+	}
 	if out, _ := trimCRD(crd); len(out.(*apiextensionsv1.CustomResourceDefinition).Spec.Versions) != 0 {
 		t.Error("CRD versions kept")
 	}

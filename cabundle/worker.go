@@ -1,0 +1,312 @@
+package cabundle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/evercert/evercert/internal/certmetrics"
+)
+
+// This file holds the work queue's worker: it takes a target off the queue,
+// compares its objects in the informer cache with the bundle, and writes
+// what differs, unless contested tracking (contest.go) holds the write back.
+
+// writeRecord remembers a successful write so that a cache which has not yet
+// seen it is not mistaken for drift: without it, every event that arrives
+// between the write and its watch event would write again (and, with the
+// resourceVersion precondition, fail with a spurious conflict).
+type writeRecord struct {
+	// fromRV is the resourceVersion the write was based on.
+	fromRV string
+	bundle string
+}
+
+// processNext works on one target; it returns false once the queue is shut
+// down. A failed write is retried after the target's backoff; a target that
+// asked to be looked at again later (a contested object waiting for its
+// next write, or for its write to prove that it sticks) is queued after
+// that delay. Both wait on the publisher's clock.
+func (p *Publisher) processNext(ctx context.Context) bool {
+	i, shutdown := p.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer p.queue.Done(i)
+	t := p.targets[i]
+	after, err := p.syncTarget(ctx, t)
+	if ctx.Err() != nil {
+		return true
+	}
+	if err != nil {
+		p.queue.AddAfter(i, t.retry.Next(err))
+	} else {
+		t.retry.Reset()
+	}
+	if after > 0 {
+		p.queue.AddAfter(i, after)
+	}
+	return true
+}
+
+// syncTarget publishes to every object of t that needs it. It returns an
+// error (already counted and logged) when any write failed, so that the
+// target is retried with backoff, and after > 0 when the target must be
+// looked at again after that long even without an event.
+func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.Duration, err error) {
+	if !t.informer.HasSynced() {
+		// Queued by an event of the initial list; the waiter in Run queues
+		// the target again once the list is complete.
+		return 0, nil
+	}
+	bundle := p.source.CurrentCABundleContent()
+	if len(bundle) == 0 {
+		// An empty caBundle would make the API server fall back to the
+		// system roots; never write one.
+		p.logState("source", "waiting", "Waiting for the CA provider to have a bundle", "provider", p.source.Name())
+		return 0, nil
+	}
+	p.logState("source", "ok", "")
+
+	var views []objectView
+	indexer := t.informer.GetIndexer()
+	if t.Name != "" {
+		obj, exists, err := indexer.GetByKey(t.Name)
+		if err != nil {
+			return 0, fmt.Errorf("reading %s %q from the informer cache: %w", t.Kind, t.Name, err)
+		}
+		if !exists {
+			p.logState(objectKey(t.Kind, t.Name), "waiting: missing",
+				"Waiting for the object to exist before publishing its caBundle", "kind", t.Kind, "name", t.Name)
+			return 0, nil
+		}
+		if v, ok := t.adapter.view(obj); ok {
+			views = append(views, v)
+		}
+	} else {
+		for _, obj := range indexer.List() {
+			if v, ok := t.adapter.view(obj); ok && t.selects(v.name, v.labels) {
+				views = append(views, v)
+			}
+		}
+		slices.SortFunc(views, func(a, b objectView) int { return strings.Compare(a.name, b.name) })
+	}
+
+	var errs []error
+	published := t.Name == "" // a selector target is done when nothing failed or is held back
+	for _, v := range views {
+		ok, later, err := p.publish(ctx, t, v, bundle)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if later > 0 && (after == 0 || later < after) {
+			after = later
+		}
+		if t.Name != "" && ok {
+			published = true
+		}
+		if t.Name == "" && !ok && later > 0 {
+			published = false // a write held back by contested tracking
+		}
+	}
+	if len(errs) > 0 {
+		return after, errors.Join(errs...)
+	}
+	if published {
+		p.markReady(t)
+	}
+	return after, nil
+}
+
+// publish writes bundle into the object v when it differs. published is
+// true when the object holds the bundle afterwards; after > 0 asks for the
+// target to be looked at again after that long.
+func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, bundle []byte) (published bool, after time.Duration, err error) {
+	kind := t.Kind
+	key := objectKey(kind, v.name)
+	logger := p.logger.WithValues("kind", kind, "name", v.name)
+
+	selected := p.selectedSlots(kind, v)
+	if len(selected) == 0 {
+		reason := v.none
+		if reason == "" && t.Service != nil {
+			reason = "no caBundle field of it refers to service " + t.Service.String()
+		}
+		if t.Name != "" {
+			p.logState(key, "waiting: "+reason,
+				"Waiting for the object to have a caBundle field to publish to", "kind", kind, "name", v.name, "reason", reason)
+		} else {
+			// A selector can legitimately match objects of no concern.
+			logger.V(4).Info("Skipping object with nothing to publish to", "reason", reason)
+		}
+		return false, 0, nil
+	}
+	if p.cacheBehindOwnWrite(key, v.resourceVersion, bundle) {
+		certmetrics.CABundlePublished(string(kind), resultUnchanged)
+		return true, 0, nil
+	}
+	stale := 0
+	for _, s := range selected {
+		if string(s.current) != string(bundle) {
+			stale++
+		}
+	}
+	if stale == 0 {
+		certmetrics.CABundlePublished(string(kind), resultUnchanged)
+		p.logState(key, "ok", "")
+		// A contested object that holds the bundle is cleared once it has
+		// held it long enough; until then, look again when it will have.
+		return true, p.settle(t, v), nil
+	}
+
+	g := p.contests.gate(key)
+	if g.contested && g.wait > 0 {
+		// Another writer keeps changing the field: hold the write back
+		// until the backoff has passed, whatever events arrive meanwhile.
+		certmetrics.CABundlePublished(string(kind), resultContested)
+		logger.V(2).Info("caBundle is contested, holding the write back", "otherWriter", g.manager, "nextWriteIn", g.wait)
+		return false, g.wait, nil
+	}
+	force := p.ssa && g.contested
+
+	pt, data, err := p.buildWrite(t.adapter, v, selected, bundle)
+	if err != nil {
+		// Encoding plain maps and slices cannot fail; report it anyway.
+		certmetrics.CABundlePublished(string(kind), resultError)
+		return false, 0, fmt.Errorf("encoding caBundle %s for %s %q: %w", pt, kind, v.name, err)
+	}
+	opts := metav1.PatchOptions{FieldManager: p.fieldManager}
+	if force {
+		opts.Force = new(true)
+		p.reportForced(t.adapter, v, g)
+	}
+	err = t.adapter.patch(ctx, v.name, pt, data, opts)
+	if !force && isApplyConflict(err) && len(conflictManagers(err, p.fieldManager)) == 0 {
+		// The only other owner is our own field manager, from an earlier
+		// write with a JSON patch (an Update: a manager distinct from our
+		// Apply). Taking the field from ourselves is no contest.
+		logger.V(2).Info("caBundle owned by our own earlier update, applying with force", "err", err)
+		force = true
+		opts.Force = new(true)
+		err = t.adapter.patch(ctx, v.name, pt, data, opts)
+	}
+	switch {
+	case err == nil:
+		p.recordWrite(key, v.resourceVersion, bundle)
+		certmetrics.CABundlePublished(string(kind), resultSuccess)
+		p.logState(key, "ok", "")
+		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa, "forced", force)
+		if g.contested {
+			// The write stands once it has held for the time returned.
+			return true, p.contests.wrote(key), nil
+		}
+		return true, 0, nil
+	case ctx.Err() != nil:
+		// Shutting down; the failure says nothing about the target.
+		return false, 0, ctx.Err()
+	case apierrors.IsNotFound(err):
+		// Deleted after it was cached. The informer's delete event queues
+		// the target again, which then waits for the object.
+		return false, 0, nil
+	case isApplyConflict(err):
+		// Server-side apply without force: another field manager owns a
+		// caBundle field and holds another value. Never taken over
+		// silently: contested, and forced only after the backoff.
+		certmetrics.CABundlePublished(string(kind), resultContested)
+		started, g := p.contests.conflict(key, strings.Join(conflictManagers(err, p.fieldManager), ", "))
+		if started {
+			p.reportContested(t.adapter, v, g)
+		} else {
+			logger.V(2).Info("Server-side apply conflict on a contested caBundle", "otherWriter", g.manager, "nextWriteIn", g.wait)
+		}
+		return false, g.wait, nil
+	case apierrors.IsConflict(err):
+		// Someone else wrote the object after the cache saw it, or the
+		// cache is behind our own previous write. Expected, not an error:
+		// the retry works on the newer version.
+		certmetrics.CABundlePublished(string(kind), resultConflict)
+		logger.V(2).Info("Conflict publishing caBundle, will retry", "err", err)
+		return false, 0, fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
+	default:
+		certmetrics.CABundlePublished(string(kind), resultError)
+		err = fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
+		p.logErrorOnce(key, err)
+		return false, 0, err
+	}
+}
+
+// selectedSlots returns the slots of v that any target of kind selects. The
+// union across targets matters for server-side apply: an apply releases the
+// fields it omits, so two targets applying different subsets of one object
+// under the same field manager would undo each other forever.
+func (p *Publisher) selectedSlots(kind Kind, v objectView) []slot {
+	var out []slot
+	for _, s := range v.slots {
+		for _, t := range p.targets {
+			if t.Kind == kind && t.selects(v.name, v.labels) && t.wantsService(s.service) {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// markReady records that t has been published once, and closes the ready
+// channel when it was the last one.
+func (p *Publisher) markReady(t *targetState) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t.ready {
+		return
+	}
+	t.ready = true
+	p.notReady--
+	p.logger.V(1).Info("Target published", "target", t.Target.String())
+	if p.notReady == 0 {
+		close(p.ready)
+		p.logger.Info("caBundle published to every target", "targets", len(p.targets))
+	}
+}
+
+// recordWrite remembers that the object key, at resourceVersion fromRV, was
+// successfully written with bundle.
+func (p *Publisher) recordWrite(key, fromRV string, bundle []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.written[key] = writeRecord{fromRV: fromRV, bundle: string(bundle)}
+}
+
+// cacheBehindOwnWrite reports whether the cached object at rv is the very
+// version our last write of bundle was based on: then the server already has
+// the bundle and the write's watch event is on its way. Any other version
+// (someone else's write, or our write arriving) ends that state. Objects
+// without a resourceVersion (fake clients) are never treated so.
+func (p *Publisher) cacheBehindOwnWrite(key, rv string, bundle []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.written[key]
+	if !ok || rv == "" {
+		return false
+	}
+	if w.fromRV == rv && w.bundle == string(bundle) {
+		return true
+	}
+	delete(p.written, key)
+	return false
+}
+
+// forget drops the log, write and contest bookkeeping of an object.
+func (p *Publisher) forget(key string) {
+	p.mu.Lock()
+	delete(p.logged, key)
+	delete(p.written, key)
+	p.mu.Unlock()
+	p.contests.forget(key)
+}
