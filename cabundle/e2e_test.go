@@ -5,6 +5,7 @@ package cabundle
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
@@ -406,6 +409,10 @@ func TestE2EPublisher(t *testing.T) {
 				bytes.Equal(rd.crd(crdName), want) &&
 				bytes.Equal(rd.apiService(apiName), want)
 		})
+		// A one-off change is drift, not a contest.
+		if got := p.Contested(); len(got) != 0 {
+			t.Errorf("contested after one-off overwrites: %v", got)
+		}
 	})
 
 	t.Run("selector target picks up a new matching object", func(t *testing.T) {
@@ -621,8 +628,10 @@ func testE2EServerSideApply(t *testing.T, env *e2eEnv) {
 		t.Errorf("timeoutSeconds set by another manager was reverted: %v", ts)
 	}
 
-	// Drift: another manager takes caBundle over with an update; the
-	// forced apply takes it back.
+	// Drift: another manager takes caBundle over with an update. Under
+	// server-side apply that is a conflict: reported as contested, not
+	// forced at once; the forced apply takes it back after the backoff.
+	beforeDrift := publishCounts(t, ValidatingWebhookConfiguration)
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		o, err := env.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, vwcName, metav1.GetOptions{})
 		if err != nil {
@@ -634,7 +643,13 @@ func testE2EServerSideApply(t *testing.T, env *e2eEnv) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, repairDeadline, "SSA drift repaired", func() bool {
+	waitUntil(t, repairDeadline, "SSA conflict reported as contested", func() bool {
+		return countsDelta(beforeDrift, publishCounts(t, ValidatingWebhookConfiguration))[resultContested] >= 1
+	})
+	if got := p.Contested(); !slices.Equal(got, []string{objectKey(ValidatingWebhookConfiguration, vwcName)}) {
+		t.Errorf("Contested() = %v after a conflict", got)
+	}
+	waitUntil(t, contestInitialDelay*3/2+repairDeadline, "SSA drift repaired with force after the backoff", func() bool {
 		return bytes.Equal(rd.vwc(vwcName, "svc1.evercert.test"), bundle2)
 	})
 	check(bundle2)
@@ -752,5 +767,91 @@ func TestE2EAPIServerDown(t *testing.T) {
 	// once, without waiting for the backoff.
 	waitUntil(t, 30*time.Second, "published after the API server came back", func() bool {
 		return bytes.Equal(rd.mwc(name, "svc1.evercert.test"), bundle)
+	})
+}
+
+// TestE2ECompetingWriter runs a publisher next to another writer of the same
+// caBundle (as Helm, cainjector or OLM would be) on a real kube-apiserver:
+// for about 10s the other writer puts its own bundle back every time it
+// changes, then it goes away. The publisher must write a bounded number of
+// times (its contested backoff, not once per flip), report the object as
+// contested (metric, health check, an Event in the cluster), and converge
+// once the other writer is gone.
+func TestE2ECompetingWriter(t *testing.T) {
+	env := newE2EEnv(t)
+	ctx := context.Background()
+	rd := bundleReader{t, env}
+	const (
+		name  = "evercert-e2e-contested"
+		fight = 10 * time.Second
+	)
+	key := objectKey(MutatingWebhookConfiguration, name)
+	ours, theirs := newBundle(t, "ours"), newBundle(t, "theirs")
+	if _, err := env.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mutatingFixture(name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: env.kube.EventsV1()})
+	eventsCtx, stopEvents := context.WithCancel(ctx)
+	if err := broadcaster.StartRecordingToSinkWithContext(eventsCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopEvents(); broadcaster.Shutdown() })
+	p, _ := startPublisher(t, Config{
+		Source:        newTestCA(ours),
+		KubeConfig:    env.c.Config(),
+		Targets:       []Target{{Kind: MutatingWebhookConfiguration, Name: name}},
+		EventRecorder: broadcaster.NewRecorder(scheme.Scheme, "evercert-e2e"),
+	})
+	waitReady(t, p, appearDeadline)
+	before := publishCounts(t, MutatingWebhookConfiguration)
+
+	start := time.Now()
+	other := startCompetitor(t, env.kube, name, theirs, "competitor")
+	waitUntil(t, fight, "contested", func() bool { return slices.Equal(p.Contested(), []string{key}) })
+	if err := p.HealthCheck().Check(nil); err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "competitor") {
+		t.Errorf("health check while contested: %v, want a failure naming %s and the competitor", err, key)
+	}
+	// The scenario's length, not an assertion.
+	time.Sleep(time.Until(start.Add(fight)))
+	other.stop()
+	stopped := time.Now()
+	d := countsDelta(before, publishCounts(t, MutatingWebhookConfiguration))
+	bound := contestReverts + 2 + maxContestedWrites(stopped.Sub(start))
+	t.Logf("next to a competing writer for %v: %d writes by the publisher (bound %d), %d by the other writer; publish results %v",
+		stopped.Sub(start).Round(time.Millisecond), int(d[resultSuccess]), bound, other.rewrites.Load(), d)
+	if int(d[resultSuccess]) > bound {
+		t.Errorf("%v writes next to a competing writer, want <= %d", d[resultSuccess], bound)
+	}
+	if d[resultContested] < 1 {
+		t.Errorf("metrics delta %v, want result=contested", d)
+	}
+
+	// The other writer is gone: the publisher's next write sticks and the
+	// contest clears (next delay, then contestQuiet or that delay).
+	waitUntil(t, 2*time.Minute, "converged after the competing writer stopped", func() bool {
+		return bytes.Equal(rd.mwc(name, "svc1.evercert.test"), ours) && bytes.Equal(rd.mwc(name, "url.evercert.test"), ours) &&
+			len(p.Contested()) == 0 && p.HealthCheck().Check(nil) == nil
+	})
+	if !p.Observed(parseCA(t, ours)) {
+		t.Error("not observed after converging")
+	}
+
+	// The Events reached the cluster, on the object.
+	waitUntil(t, 10*time.Second, "Events in the cluster", func() bool {
+		list, err := env.kube.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Regarding.Kind == string(MutatingWebhookConfiguration) && e.Regarding.Name == name {
+				seen[e.Reason] = true
+				if e.Reason == reasonContested && !strings.Contains(e.Note, "competitor") {
+					t.Errorf("contested Event does not name the other writer: %q", e.Note)
+				}
+			}
+		}
+		return seen[reasonContested] && seen[reasonUncontested]
 	})
 }
