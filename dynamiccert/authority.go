@@ -67,9 +67,10 @@ type AuthorityConfig struct {
 	CALifetime, CARenewBefore time.Duration
 	// PropagationDelay is the minimum time a successor CA is in ca.crt
 	// before it signs, for consumers evercert cannot observe. The successor
-	// also waits for every Observer and every live replica; the delay is
-	// lengthened by SkewTolerance because replicas' clocks may disagree.
-	// Default (CARenewBefore-RenewBefore)/4.
+	// also waits for every Observer and every live replica. Each replica
+	// measures the delay from when it first saw the successor, on its own
+	// clock, so clock skew never shortens it. Default
+	// (CARenewBefore-RenewBefore)/4.
 	PropagationDelay time.Duration
 	// SkewTolerance is the clock skew tolerated between replicas and
 	// clients. Default one hour, or RenewBefore/4 when shorter. See
@@ -197,7 +198,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		name: cfg.Name, keyType: cfg.KeyType,
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
 		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
-		skew: cfg.SkewTolerance, promotionSkew: cfg.SkewTolerance,
+		skew: cfg.SkewTolerance,
 	}, store, cfg.Observers)
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.Clock)
@@ -326,7 +327,16 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	restored := s.restore(st, exists, s.cfg.Clock.Now())
+	now := s.cfg.Clock.Now()
+	if st.next != nil {
+		// The minimum delay runs from when this replica first saw the
+		// successor, on its own clock.
+		st.seenSince = now
+		if s.last != nil && s.last.next != nil && s.last.next.Cert.Equal(st.next.Cert) {
+			st.seenSince = s.last.seenSince
+		}
+	}
+	restored := s.restore(st, exists, now)
 	changed, err := decide(st)
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
@@ -384,7 +394,7 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 	}
 	if st.next == nil && last.next != nil && now.Before(last.next.Cert.NotAfter) && st.signing != nil &&
 		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
-		st.next, st.nextSince, restored = last.next, last.nextSince, true
+		st.next, st.nextSince, st.seenSince, restored = last.next, last.nextSince, last.seenSince, true
 	}
 	if restored {
 		why := "rolled back to older content"

@@ -28,8 +28,8 @@ package dynamiccert
 //     (and so the caBundle targets and the bundle file fed from it) and,
 //     for an Authority, the Secret's ca.crt.
 //  2. Observe. The successor signs only once PropagationDelay (the minimum
-//     delay, for consumers evercert cannot see) has passed and every
-//     observer confirmed it:
+//     delay, for consumers evercert cannot see) has passed since this
+//     process first saw it and every observer confirmed it:
 //     - each Observer (AddObserver): a cabundle.Publisher confirms when
 //     every target, read back from the API server, holds the successor;
 //     the server package's --ca-bundle-file writer confirms once the
@@ -65,8 +65,9 @@ package dynamiccert
 // Clock skew: replicas and clients may disagree by up to SkewTolerance
 // (default one hour, less for short lifetimes). Certificates are backdated
 // by it; a CA that is not yet valid by less than it is accepted, so a slow
-// replica never replaces a CA a fast one made; and an Authority's minimum
-// delay is lengthened by it.
+// replica never replaces a CA a fast one made; and each replica measures
+// the minimum delay from when it first saw the successor, on its own clock,
+// so a replica whose clock is ahead cannot cut it short.
 //
 // Faults: every failed check is retried with exponential backoff, jitter
 // and a cap (internal/backoff), at least as long as a 429's Retry-After; a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -309,3 +310,47 @@ func TestAuthorityRestoresLostSecret(t *testing.T) {
 }
 
 var _ = sync.Mutex{}
+
+// TestAuthoritySkewDoesNotShortenDelay: the replica whose clock is 30
+// minutes behind publishes the successor; replicas at 0 and +30 min start
+// right after (a 45-minute tolerance). The one ahead reads the publication
+// time as an hour old, yet no replica may let the successor sign before the
+// minimum delay has passed on the shared timeline.
+func TestAuthoritySkewDoesNotShortenDelay(t *testing.T) {
+	client := fake.NewClientset()
+	base := clocktesting.NewFakeClock(testNow)
+	const delay = 20 * time.Minute
+	start := func(i int, offset time.Duration) *Authority {
+		a, err := NewAuthority(AuthorityConfig{
+			Name: fmt.Sprintf("skew-delay-%d", i), Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: fmt.Sprint(i),
+			Hosts: []string{"localhost"}, Lifetime: 6 * time.Hour, PropagationDelay: delay, SkewTolerance: 45 * time.Minute,
+			Clock: offsetClock{base, offset}, DisableReplicaAnnouncements: true,
+		})
+		require.NoError(t, err)
+		runInBackground(t, a.Run)
+		waitFor(t, "replica to serve", func() bool { return a.Leaf() != nil })
+		return a
+	}
+	secrets := client.CoreV1().Secrets("ns")
+	get := func() map[string][]byte {
+		s, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
+		require.NoError(t, err)
+		return s.Data
+	}
+	replicas := []*Authority{start(0, -30*time.Minute)}
+	first := string(get()["tls.crt"])
+	for len(get()[AuthorityNextCertKey]) == 0 {
+		base.Step(time.Minute)
+		time.Sleep(time.Millisecond) // let the loop run; not a timing assertion
+	}
+	published := base.Now()
+	replicas = append(replicas, start(1, 0), start(2, 30*time.Minute))
+	for string(get()["tls.crt"]) == first {
+		base.Step(time.Minute)
+		time.Sleep(time.Millisecond)
+	}
+	assert.GreaterOrEqual(t, base.Since(published), delay, "the successor signed before the minimum delay on the shared timeline")
+	for _, a := range replicas {
+		assert.Zero(t, a.Status().UnsafeRotations)
+	}
+}

@@ -23,10 +23,9 @@ type rotation struct {
 	caLifetime, caRenewBefore    time.Duration
 	propagation, leafRenewBefore time.Duration
 	// skew is the clock skew tolerated between the processes sharing the
-	// state: certificates are backdated by it, a CA that is not yet valid
-	// by less than it is accepted, and the propagation delay is lengthened
-	// by it when replicas share the state (promotionSkew).
-	skew, promotionSkew time.Duration
+	// state: certificates are backdated by it, and a CA that is not yet
+	// valid by less than it is accepted.
+	skew time.Duration
 }
 
 // caSet is the CA side of the state: the CA that signs, a successor already
@@ -35,7 +34,11 @@ type rotation struct {
 type caSet struct {
 	signing   *pki.Issued
 	next      *pki.Issued
-	nextSince time.Time           // when next joined the bundle
+	nextSince time.Time           // when next joined the bundle, on the publisher's clock
+	// seenSince is when this process first saw next, on its own clock. The
+	// minimum delay runs from it, so replicas whose clocks disagree never
+	// cut it short: it is not stored, each process keeps its own.
+	seenSince time.Time
 	bundle    []*x509.Certificate // oldest first
 }
 
@@ -89,7 +92,7 @@ func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certific
 			if err != nil {
 				return false, false, fmt.Errorf("making successor CA: %w", err)
 			}
-			cs.next, cs.nextSince, changed = ca, now, true
+			cs.next, cs.nextSince, cs.seenSince, changed = ca, now, now, true
 			klog.InfoS("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
@@ -116,9 +119,10 @@ func (r rotation) promotable(cs *caSet, now time.Time, observed func(*x509.Certi
 	return !now.Before(r.signsNoEarlierThan(cs)) && observed(cs.next.Cert)
 }
 
-// signsNoEarlierThan is when the successor's minimum propagation delay ends.
+// signsNoEarlierThan is when the successor's minimum propagation delay
+// ends: PropagationDelay after this process first saw it.
 func (r rotation) signsNoEarlierThan(cs *caSet) time.Time {
-	return cs.nextSince.Add(r.propagation + r.promotionSkew)
+	return cs.seenSince.Add(r.propagation)
 }
 
 // valid reports whether c is valid at now, accepting a certificate that is

@@ -70,10 +70,11 @@ type SelfSignedConfig struct {
 	// machine wakes from a pause of 0.9 CA lifetimes still signs before the
 	// old CA expires.
 	PropagationDelay time.Duration
-	// SkewTolerance is the clock skew tolerated between this process and
-	// its clients: certificates are backdated by it, and a CA not yet valid
-	// by less than it is accepted. Default one hour, or RenewBefore/4 when
-	// that is shorter. It must be shorter than RenewBefore.
+	// SkewTolerance is the clock skew tolerated between this process, its
+	// clients and (for an Authority) other replicas: certificates are
+	// backdated by it, and a CA not yet valid by less than it is accepted.
+	// Default one hour, or RenewBefore/4 when that is shorter. It must be
+	// shorter than the CA lifetime.
 	SkewTolerance time.Duration
 	// Observers confirm that a published successor CA has reached the
 	// consumers they stand for; it signs only once all have (see Observer
@@ -147,8 +148,8 @@ func (c *SelfSignedConfig) complete() error {
 		errs = append(errs, fmt.Errorf("CA renew-before %v must be longer than the leaf renew-before %v and shorter than the CA lifetime %v", c.CARenewBefore, c.RenewBefore, c.CALifetime))
 	case c.PropagationDelay < 0 || c.PropagationDelay >= c.CARenewBefore-c.RenewBefore:
 		errs = append(errs, fmt.Errorf("propagation delay %v must be shorter than CA renew-before minus leaf renew-before (%v)", c.PropagationDelay, c.CARenewBefore-c.RenewBefore))
-	case c.SkewTolerance < 0 || c.SkewTolerance >= c.RenewBefore:
-		errs = append(errs, fmt.Errorf("skew tolerance %v must not be negative and must be shorter than renew-before %v", c.SkewTolerance, c.RenewBefore))
+	case c.SkewTolerance < 0 || c.SkewTolerance >= c.CALifetime:
+		errs = append(errs, fmt.Errorf("skew tolerance %v must not be negative and must be shorter than the CA lifetime %v", c.SkewTolerance, c.CALifetime))
 	case c.CheckInterval <= 0:
 		errs = append(errs, fmt.Errorf("check interval %v must be positive", c.CheckInterval))
 	}

@@ -46,8 +46,8 @@ type SuccessorStatus struct {
 	// PublishedAt is when the successor joined the bundle, on the clock of
 	// the process that published it.
 	PublishedAt time.Time
-	// SignsNoEarlierThan is when the minimum propagation delay (plus the
-	// skew tolerance, for an Authority) has passed.
+	// SignsNoEarlierThan is when the minimum propagation delay, counted
+	// from when this process first saw the successor, has passed.
 	SignsNoEarlierThan time.Time
 	// Pending names the observers that have not confirmed the successor
 	// yet: local observers by name ("cabundle", "ca-bundle-file"), replicas
