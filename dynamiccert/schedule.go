@@ -34,7 +34,7 @@ type rotation struct {
 type caSet struct {
 	signing   *pki.Issued
 	next      *pki.Issued
-	nextSince time.Time           // when next joined the bundle, on the publisher's clock
+	nextSince time.Time // when next joined the bundle, on the publisher's clock
 	// seenSince is when this process first saw next, on its own clock. The
 	// minimum delay runs from it, so replicas whose clocks disagree never
 	// cut it short: it is not stored, each process keeps its own.
