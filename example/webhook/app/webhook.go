@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/server"
 )
 
@@ -65,9 +66,14 @@ func New(opts *Options) (*Webhook, error) {
 	if opts.MutatingWebhookConfiguration != "" {
 		targets = append(targets, cabundle.Target{Kind: cabundle.MutatingWebhookConfiguration, Name: opts.MutatingWebhookConfiguration, Service: svc})
 	}
-	publisher, err := cabundle.New(cabundle.Config{Source: serving.TrustBundle, Targets: targets, KubeClient: client})
+	publisher, err := cabundle.New(cabundle.Config{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
 	if err != nil {
 		return nil, err
+	}
+	// Observed rotation: a successor CA signs only once the API server,
+	// read back, holds it in every caBundle this replica publishes.
+	if issuer, ok := serving.TrustBundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+		issuer.AddObserver(publisher)
 	}
 	w := &Webhook{opts: opts, serving: serving, publisher: publisher, client: client, registered: make(chan struct{}), ready: make(chan struct{})}
 	if opts.RegisterURL == "" {
@@ -88,6 +94,7 @@ func (w *Webhook) newHandler() http.Handler {
 	rule := Rule{Namespace: w.opts.TargetNamespace}
 	mux := http.NewServeMux()
 	w.serving.InstallHandlersWithChecks(mux, server.HealthChecks{Readiness: []healthz.HealthChecker{
+		w.publisher.HealthCheck(),
 		healthz.NamedCheck("cabundle-published", func(*http.Request) error {
 			select {
 			case <-w.registered:
