@@ -85,17 +85,19 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		ns, name, _ := splitNamespacedName(o.CASecret)
 		p, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
-			Hosts: o.SelfSignedHosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore, Clock: o.Clock,
+			Hosts: o.SelfSignedHosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
+			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
+			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("--ca-secret: %w", err)
+			return nil, fmt.Errorf("--ca-secret (%s): %w", scheduleFlags, err)
 		}
 		s.Serving, s.TrustBundle = p, p
 		s.runners = append(s.runners, p)
 	case len(o.SNICertKeys) == 0:
 		p, err := dynamiccert.NewSelfSigned(o.selfSignedConfig())
 		if err != nil {
-			return nil, fmt.Errorf("self-signed default: %w", err)
+			return nil, fmt.Errorf("self-signed default (%s): %w", scheduleFlags, err)
 		}
 		s.Serving, s.TrustBundle = p, p
 		s.runners = append(s.runners, p)

@@ -68,6 +68,25 @@ type Options struct {
 	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
 	// Flag --self-signed-renew-before, default a third of the validity.
 	SelfSignedRenewBefore time.Duration
+	// CAValidity is the lifetime of each CA of the self-signed default and
+	// --ca-secret. Flag --ca-validity, default 0: three leaf lifetimes for
+	// the self-signed default, eight for --ca-secret.
+	CAValidity time.Duration
+	// CARenewBefore is how long before the signing CA expires its successor
+	// is published. Flag --ca-renew-before, default 0: a third of
+	// --ca-validity.
+	CARenewBefore time.Duration
+	// CAPropagationDelay is the minimum time a published successor CA waits
+	// before it signs, for consumers evercert cannot observe; it also waits
+	// for every observer (see dynamiccert's observed rotation). Flag
+	// --ca-propagation-delay, default 0: a quarter of the CA renew-before
+	// minus the leaf renew-before.
+	CAPropagationDelay time.Duration
+	// ClockSkewTolerance is the clock skew tolerated between replicas and
+	// clients: certificates are backdated by it. Flag
+	// --clock-skew-tolerance, default 0: one hour, or a quarter of the leaf
+	// renew-before when shorter.
+	ClockSkewTolerance time.Duration
 	// CABundleFile, when set, receives the current trust bundle for clients
 	// (0644, written atomically, rewritten at every rotation). Flag
 	// --ca-bundle-file.
@@ -125,6 +144,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
 	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
+	fs.DurationVar(&o.CAValidity, "ca-validity", o.CAValidity, "Lifetime of each CA of the self-signed default and --ca-secret. 0 means three --self-signed-validity (eight with --ca-secret).")
+	fs.DurationVar(&o.CARenewBefore, "ca-renew-before", o.CARenewBefore, "How long before the signing CA expires its successor joins the published bundles. 0 means a third of --ca-validity.")
+	fs.DurationVar(&o.CAPropagationDelay, "ca-propagation-delay", o.CAPropagationDelay, "Minimum time a published successor CA waits before it signs, for clients evercert cannot observe; it also waits until every caBundle target, the --ca-bundle-file and every live replica hold it. 0 means a quarter of (--ca-renew-before minus --self-signed-renew-before).")
+	fs.DurationVar(&o.ClockSkewTolerance, "clock-skew-tolerance", o.ClockSkewTolerance, "Clock skew tolerated between replicas and clients; certificates are backdated by it. 0 means one hour, or a quarter of --self-signed-renew-before when shorter.")
 	fs.StringVar(&o.CABundleFile, "ca-bundle-file", o.CABundleFile, "If set, the CA bundle clients should trust is written here (0644, atomically) and rewritten at every rotation.")
 	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "namespace/name of a Secret whose tls.crt and tls.key are the default certificate, followed by a watch (RBAC: get, list, watch on that Secret).")
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "namespace/name of a Secret that holds a CA shared by every replica (created if missing); each replica serves its own leaf for --self-signed-hosts signed by it.")
@@ -190,6 +213,17 @@ func (o *Options) Validate() []error {
 			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be positive", o.SelfSignedValidity))
 		} else if o.SelfSignedRenewBefore < 0 || o.SelfSignedRenewBefore >= o.SelfSignedValidity {
 			errs = append(errs, fmt.Errorf("--self-signed-renew-before: %v must be between 0 and --self-signed-validity (%v)", o.SelfSignedRenewBefore, o.SelfSignedValidity))
+		}
+		for flag, v := range map[string]time.Duration{"--ca-validity": o.CAValidity, "--ca-renew-before": o.CARenewBefore, "--ca-propagation-delay": o.CAPropagationDelay, "--clock-skew-tolerance": o.ClockSkewTolerance} {
+			if v < 0 {
+				errs = append(errs, fmt.Errorf("%s: %v must not be negative", flag, v))
+			}
+		}
+	} else {
+		for flag, v := range map[string]time.Duration{"--ca-validity": o.CAValidity, "--ca-renew-before": o.CARenewBefore, "--ca-propagation-delay": o.CAPropagationDelay, "--clock-skew-tolerance": o.ClockSkewTolerance} {
+			if v != 0 {
+				errs = append(errs, fmt.Errorf("%s: only used with the self-signed default or --ca-secret", flag))
+			}
 		}
 	}
 	if o.CABundleFile != "" && !o.usesSelfSigned() && o.CASecret == "" {
@@ -275,6 +309,12 @@ func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
 		KeyType:     pki.ECDSAP256,
 		Lifetime:    o.SelfSignedValidity,
 		RenewBefore: o.SelfSignedRenewBefore,
-		Clock:       o.Clock,
+		CALifetime:  o.CAValidity, CARenewBefore: o.CARenewBefore,
+		PropagationDelay: o.CAPropagationDelay, SkewTolerance: o.ClockSkewTolerance,
+		Clock: o.Clock,
 	}
 }
+
+// scheduleFlags names the flags whose combination an issuer validates, for
+// its errors.
+const scheduleFlags = "--self-signed-validity, --self-signed-renew-before, --ca-validity, --ca-renew-before, --ca-propagation-delay, --clock-skew-tolerance"

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/evercert/evercert/dynamiccert"
 )
 
 func parse(t *testing.T, args ...string) (*Options, error) {
@@ -91,4 +94,29 @@ func TestBuildErrorsNameTheFlag(t *testing.T) {
 	require.NoError(t, err)
 	_, err = o.Build()
 	require.ErrorContains(t, err, "--kubeconfig")
+}
+
+func TestCAScheduleFlags(t *testing.T) {
+	o := NewOptions()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--self-signed-validity=1h", "--ca-validity=10h", "--ca-renew-before=3h", "--ca-propagation-delay=5m", "--clock-skew-tolerance=30m"}))
+	require.Empty(t, o.Validate())
+	s, err := o.Build()
+	require.NoError(t, err)
+	cfg := s.TrustBundle.(*dynamiccert.SelfSigned).Config()
+	require.Equal(t, 10*time.Hour, cfg.CALifetime)
+	require.Equal(t, 3*time.Hour, cfg.CARenewBefore)
+	require.Equal(t, 5*time.Minute, cfg.PropagationDelay)
+	require.Equal(t, 30*time.Minute, cfg.SkewTolerance)
+
+	bad := NewOptions()
+	bad.CAPropagationDelay = 100 * 24 * time.Hour
+	_, err = bad.Build()
+	require.ErrorContains(t, err, "--ca-propagation-delay")
+	require.ErrorContains(t, err, "propagation delay")
+
+	files := NewOptions()
+	files.CertFile, files.KeyFile, files.CAValidity = "a", "b", time.Hour
+	require.ErrorContains(t, errors.Join(files.Validate()...), "--ca-validity: only used with the self-signed default or --ca-secret")
 }

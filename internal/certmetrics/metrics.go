@@ -42,7 +42,7 @@ var (
 	caBundlePublish = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace:      namespace,
 		Name:           "cabundle_publish_total",
-		Help:           "Number of caBundle publish attempts by target kind and result (success, error, conflict, unchanged).",
+		Help:           "Number of caBundle publish attempts by target kind and result (success, error, conflict, unchanged, contested).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"kind", "result"})
 
