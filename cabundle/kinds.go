@@ -63,7 +63,7 @@ type fieldOwner struct {
 func caBundleOwners(mf []metav1.ManagedFieldsEntry) []fieldOwner {
 	var out []fieldOwner
 	for _, e := range mf {
-		if e.FieldsV1 != nil && !bytes.Contains(e.FieldsV1.Raw, []byte(`"f:caBundle"`)) {
+		if e.FieldsV1 != nil && !bytes.Contains(e.FieldsV1.GetRawBytes(), []byte(`"f:caBundle"`)) {
 			continue
 		}
 		o := fieldOwner{manager: e.Manager, operation: e.Operation}
@@ -80,7 +80,7 @@ func caBundleOwners(mf []metav1.ManagedFieldsEntry) []fieldOwner {
 func trimManagedFields(mf []metav1.ManagedFieldsEntry) []metav1.ManagedFieldsEntry {
 	var out []metav1.ManagedFieldsEntry
 	for _, e := range mf {
-		if e.FieldsV1 == nil || !bytes.Contains(e.FieldsV1.Raw, []byte(`"f:caBundle"`)) {
+		if e.FieldsV1 == nil || !bytes.Contains(e.FieldsV1.GetRawBytes(), []byte(`"f:caBundle"`)) {
 			continue
 		}
 		e.FieldsV1 = nil

@@ -334,9 +334,9 @@ func TestInformerTransformsTrimCopies(t *testing.T) {
 	owned := vwcFixture(nil, nil)
 	owned.ManagedFields = []metav1.ManagedFieldsEntry{
 		{Manager: "helm", Operation: metav1.ManagedFieldsOperationUpdate, Time: &now,
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:webhooks":{"k:{\"name\":\"a\"}":{"f:clientConfig":{"f:caBundle":{}}}}}`)}},
+			FieldsV1: metav1.NewFieldsV1(`{"f:webhooks":{"k:{\"name\":\"a\"}":{"f:clientConfig":{"f:caBundle":{}}}}}`)},
 		{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate, Time: &now,
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{}}}`)}},
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{}}}`)},
 	}
 	a := validatingWebhookAdapter(nil)
 	out, err := a.transform(owned)
