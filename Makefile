@@ -35,11 +35,13 @@ test-alloc:
 	$(GO) test -count=1 -v -run '$(ALLOC_TESTS)' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
 	@grep -E '^--- PASS: TestLookupDoesNotAllocate' $(CURDIR)/tmp/alloc.log || { echo 'test-alloc: TestLookupDoesNotAllocate did not run'; cat $(CURDIR)/tmp/alloc.log; exit 1; }
 
-## soak-short: the soak tests in their short form (part of make test).
+## soak-short: the soak tests in their short form (part of make test): one
+## simulated year, one cycle of every fault scenario, 15 s on the real clock.
 soak-short:
-	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="-race" SOAK_ARGS="-soak.duration=15s"
+	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="-race" SOAK_ARGS="-soak.duration=15s -soak.years=1 -soak.cycles=1"
 
-## soak: the long soak (not part of make test).
+## soak: the long soak (not part of make test): ten simulated years of
+## steps, ten simulated years of fault scenarios, 60 s on the real clock.
 soak:
 	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="" SOAK_ARGS="-soak.duration=60s -soak.years=10"
 

@@ -1,9 +1,10 @@
 //go:build soak
 
 // Package soak runs evercert through years of certificate expiry: on a fake
-// clock (simulated time, real handshakes) and on the real clock with
-// lifetimes of seconds. Run with `make soak-short` (part of `make test`) or
-// `make soak`.
+// clock (simulated time, real handshakes), through named fault scenarios
+// with every component running its own loops (TestSoakFaults, fault_test.go),
+// and on the real clock with lifetimes of seconds. Run with `make
+// soak-short` (part of `make test`) or `make soak`.
 package soak
 
 import (
@@ -38,7 +39,7 @@ import (
 )
 
 var (
-	years    = flag.Int("soak.years", 10, "simulated years for TestSoakSimulatedYears")
+	years    = flag.Int("soak.years", 10, "simulated years for TestSoakSimulatedYears, and for TestSoakFaults in all unless -soak.cycles is set")
 	duration = flag.Duration("soak.duration", 15*time.Second, "wall-clock duration of TestSoakRealTime")
 	clients  = flag.Int("soak.clients", 4, "concurrent TLS clients")
 )

@@ -1,0 +1,66 @@
+//go:build soak
+
+package soak
+
+// This file wires the soak to the observed-rotation API of issue 11:
+// observers, status, replica leases, skew tolerance, Events, and a caBundle
+// publisher driven by the scenario's clock.
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/dynamiccert"
+)
+
+const observedAPI = true
+
+func newAuthority(cfg dynamiccert.AuthorityConfig, o extraOptions) (*dynamiccert.Authority, error) {
+	cfg.ReplicaID = o.replicaID
+	cfg.LeaseDuration = o.lease
+	cfg.SkewTolerance = o.skewTolerance
+	cfg.EventRecorder = o.recorder
+	return dynamiccert.NewAuthority(cfg)
+}
+
+func newSelfSigned(cfg dynamiccert.SelfSignedConfig, o extraOptions) (*dynamiccert.SelfSigned, error) {
+	cfg.SkewTolerance = o.skewTolerance
+	cfg.EventRecorder = o.recorder
+	cfg.EventObject = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: cfg.Name}
+	return dynamiccert.NewSelfSigned(cfg)
+}
+
+func newPublisher(cfg cabundle.Config, name string, clk *offsetClock, rec *eventRecorder) (*cabundle.Publisher, error) {
+	cfg.Name = name
+	cfg.Clock = clk
+	cfg.EventRecorder = rec
+	return cabundle.New(cfg)
+}
+
+// observe makes the replica that runs the publisher wait, before a
+// successor signs, until the webhook configuration holds it.
+func observe(a *dynamiccert.Authority, p *cabundle.Publisher) { a.AddObserver(p) }
+
+func authorityStatus(a *dynamiccert.Authority) (rotationStatus, bool) {
+	return fromStatus(a.Status()), true
+}
+
+func selfSignedStatus(s *dynamiccert.SelfSigned) (rotationStatus, bool) {
+	return fromStatus(s.Status()), true
+}
+
+func fromStatus(s dynamiccert.RotationStatus) rotationStatus {
+	r := rotationStatus{
+		signingSerial:   s.Signing.Serial,
+		signingNotAfter: s.Signing.NotAfter,
+		unsafe:          s.UnsafeRotations,
+	}
+	if s.Successor != nil {
+		r.successorSerial = s.Successor.Serial
+		r.successorPublishedAt = s.Successor.PublishedAt
+		r.pending = s.Successor.Pending
+	}
+	return r
+}
+
+func publisherHealth(p *cabundle.Publisher) error { return p.HealthCheck().Check(nil) }

@@ -1,0 +1,328 @@
+//go:build soak
+
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	clienttesting "k8s.io/client-go/testing"
+)
+
+var secretsGVR = corev1.SchemeGroupVersion.WithResource("secrets")
+
+// rvTracker adds what the fake clientset lacks and the replicas rely on:
+// optimistic concurrency. Every stored object gets a fresh resourceVersion
+// on each write, and a write (update, patch) that carries a resourceVersion
+// other than the stored one fails with 409 Conflict, as the API server does.
+// Without it, two replicas writing at once would silently lose one write.
+type rvTracker struct {
+	clienttesting.ObjectTracker
+	mu sync.Mutex
+	rv int64
+}
+
+func (t *rvTracker) nextLocked() string {
+	t.rv++
+	return strconv.FormatInt(t.rv, 10)
+}
+
+func (t *rvTracker) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	obj = obj.DeepCopyObject()
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	m.SetResourceVersion(t.nextLocked())
+	return t.ObjectTracker.Create(gvr, obj, ns, opts...)
+}
+
+func (t *rvTracker) Update(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.UpdateOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.writeLocked(gvr, obj, ns, func(o runtime.Object) error { return t.ObjectTracker.Update(gvr, o, ns, opts...) })
+}
+
+func (t *rvTracker) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// The patched object carries the stored resourceVersion, unless the
+	// patch set it (a precondition).
+	return t.writeLocked(gvr, obj, ns, func(o runtime.Object) error { return t.ObjectTracker.Patch(gvr, o, ns, opts...) })
+}
+
+func (t *rvTracker) Apply(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	if err := t.ObjectTracker.Apply(gvr, obj, ns, opts...); err != nil {
+		return err
+	}
+	stored, err := t.ObjectTracker.Get(gvr, ns, m.GetName())
+	if err != nil {
+		return err
+	}
+	sm, _ := meta.Accessor(stored)
+	sm.SetResourceVersion(t.nextLocked())
+	return t.ObjectTracker.Update(gvr, stored, ns)
+}
+
+func (t *rvTracker) writeLocked(gvr schema.GroupVersionResource, obj runtime.Object, ns string, write func(runtime.Object) error) error {
+	obj = obj.DeepCopyObject()
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	if rv := m.GetResourceVersion(); rv != "" {
+		cur, err := t.ObjectTracker.Get(gvr, ns, m.GetName())
+		if err != nil {
+			return err
+		}
+		cm, _ := meta.Accessor(cur)
+		if cm.GetResourceVersion() != rv {
+			return apierrors.NewConflict(gvr.GroupResource(), m.GetName(),
+				errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+		}
+	}
+	m.SetResourceVersion(t.nextLocked())
+	return write(obj)
+}
+
+// fakeAPI is the one fake API server of a scenario: a fake clientset with
+// optimistic concurrency, every request counted, and faults injected with a
+// reactor prepended to the chain.
+type fakeAPI struct {
+	cs      *fake.Clientset
+	tracker *rvTracker
+
+	calls  atomic.Int64 // every request evercert made (watches included)
+	mu     sync.Mutex
+	byVerb map[string]int64 // "verb resource"
+
+	fault     atomic.Pointer[apiFault]
+	faultHits atomic.Int64
+}
+
+// apiFault makes matching requests fail.
+type apiFault struct {
+	name string
+	// verbs limits the fault to these verbs; nil means every verb (a
+	// PrependReactor never sees watches).
+	verbs []string
+	// resources limits the fault to these resources; nil means every one.
+	resources []string
+	// err is the error of a failing request.
+	err func(clienttesting.Action) error
+	// lostResponse performs the request, then fails it: the API server
+	// committed the write but the client never heard back.
+	lostResponse bool
+}
+
+func (f *apiFault) matches(a clienttesting.Action) bool {
+	return (f.verbs == nil || slices.Contains(f.verbs, a.GetVerb())) &&
+		(f.resources == nil || slices.Contains(f.resources, a.GetResource().Resource))
+}
+
+func newFakeAPI(objects ...runtime.Object) *fakeAPI {
+	cs := fake.NewClientset(objects...)
+	tr := &rvTracker{ObjectTracker: cs.Tracker()}
+	api := &fakeAPI{cs: cs, tracker: tr, byVerb: map[string]int64{}}
+	react := clienttesting.ObjectReaction(tr)
+	cs.ReactionChain = nil
+	cs.AddReactor("*", "*", react)
+	cs.WatchReactionChain = nil
+	cs.AddWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := tr.Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		return true, w, nil
+	})
+	cs.PrependWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		api.count(action)
+		return false, nil, nil
+	})
+	cs.PrependReactor("*", "*", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		api.count(action)
+		f := api.fault.Load()
+		if f == nil || !f.matches(action) {
+			return false, nil, nil
+		}
+		api.faultHits.Add(1)
+		if f.lostResponse {
+			if _, _, err := react(action); err != nil {
+				return true, nil, err
+			}
+		}
+		return true, nil, f.err(action)
+	})
+	return api
+}
+
+func (a *fakeAPI) count(action clienttesting.Action) {
+	a.calls.Add(1)
+	a.mu.Lock()
+	a.byVerb[action.GetVerb()+" "+action.GetResource().Resource]++
+	a.mu.Unlock()
+}
+
+// requests returns the count of one "verb resource".
+func (a *fakeAPI) requests(key string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.byVerb[key]
+}
+
+// verbs returns the request counts by "verb resource", sorted.
+func (a *fakeAPI) verbs() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(a.byVerb)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, a.byVerb[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// get reads an object straight from the tracker: the harness's reads are
+// not requests of evercert's and are never faulted.
+func (a *fakeAPI) get(gvr schema.GroupVersionResource, ns, name string) (runtime.Object, error) {
+	return a.tracker.Get(gvr, ns, name)
+}
+
+func (a *fakeAPI) secret(ns, name string) *corev1.Secret {
+	obj, err := a.get(secretsGVR, ns, name)
+	if err != nil {
+		return nil
+	}
+	return obj.(*corev1.Secret)
+}
+
+// The faults of the API-fault scenarios.
+func forbiddenFault() *apiFault {
+	return &apiFault{name: "403", err: func(a clienttesting.Action) error {
+		return apierrors.NewForbidden(a.GetResource().GroupResource(), "", errors.New("soak: RBAC revoked"))
+	}}
+}
+
+func internalErrorFault() *apiFault {
+	return &apiFault{name: "500", err: func(clienttesting.Action) error {
+		return apierrors.NewInternalError(errors.New("soak: etcd leader lost"))
+	}}
+}
+
+func tooManyRequestsFault(retryAfter time.Duration) *apiFault {
+	return &apiFault{name: "429", err: func(clienttesting.Action) error {
+		return apierrors.NewTooManyRequests("soak: the API server is overloaded", int(retryAfter/time.Second))
+	}}
+}
+
+func timeoutFault() *apiFault {
+	return &apiFault{name: "timeout", err: func(a clienttesting.Action) error {
+		if a.GetVerb() == "get" || a.GetVerb() == "list" {
+			return apierrors.NewTimeoutError("soak: request timed out", 0)
+		}
+		return fmt.Errorf("soak: %s %s: %w", a.GetVerb(), a.GetResource().Resource, context.DeadlineExceeded)
+	}}
+}
+
+// lostResponseFault commits writes but fails them with a timeout; reads
+// work.
+func lostResponseFault() *apiFault {
+	return &apiFault{name: "lost-response", verbs: []string{"create", "update", "patch"}, lostResponse: true,
+		err: func(a clienttesting.Action) error {
+			return fmt.Errorf("soak: %s %s: response lost: %w", a.GetVerb(), a.GetResource().Resource, context.DeadlineExceeded)
+		}}
+}
+
+func conflictFault() *apiFault {
+	return &apiFault{name: "conflict", verbs: []string{"create", "update", "patch"}, err: func(a clienttesting.Action) error {
+		if a.GetVerb() == "create" {
+			return apierrors.NewAlreadyExists(a.GetResource().GroupResource(), "soak")
+		}
+		return apierrors.NewConflict(a.GetResource().GroupResource(), "soak", errors.New("soak: someone else wrote first"))
+	}}
+}
+
+// podClient is one replica's client: the scenario's one fake clientset,
+// with a hook on the CA Secret writes (to crash the replica right after one
+// was committed).
+type podClient struct {
+	kubernetes.Interface
+	// afterSecretWrite, when set, is called after a committed Secret write
+	// with the content before and after; it returns an error to report
+	// instead of the result (a crash: the response never arrives).
+	afterSecretWrite func(before, after *corev1.Secret) error
+	api              *fakeAPI
+}
+
+// IsWatchListSemanticsUnSupported tells client-go's reflector, as the fake
+// clientset itself does, that watch-list streaming is not available.
+func (c *podClient) IsWatchListSemanticsUnSupported() bool { return true }
+
+func (c *podClient) CoreV1() corev1client.CoreV1Interface {
+	return podCoreV1{CoreV1Interface: c.Interface.CoreV1(), c: c}
+}
+
+type podCoreV1 struct {
+	corev1client.CoreV1Interface
+	c *podClient
+}
+
+func (p podCoreV1) Secrets(ns string) corev1client.SecretInterface {
+	return podSecrets{SecretInterface: p.CoreV1Interface.Secrets(ns), c: p.c, ns: ns}
+}
+
+type podSecrets struct {
+	corev1client.SecretInterface
+	c  *podClient
+	ns string
+}
+
+func (s podSecrets) Update(ctx context.Context, secret *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	before := s.c.api.secret(s.ns, secret.Name)
+	out, err := s.SecretInterface.Update(ctx, secret, opts)
+	if err == nil && s.c.afterSecretWrite != nil {
+		if herr := s.c.afterSecretWrite(before, out); herr != nil {
+			return nil, herr
+		}
+	}
+	return out, err
+}
+
+func (s podSecrets) Create(ctx context.Context, secret *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	out, err := s.SecretInterface.Create(ctx, secret, opts)
+	if err == nil && s.c.afterSecretWrite != nil {
+		if herr := s.c.afterSecretWrite(nil, out); herr != nil {
+			return nil, herr
+		}
+	}
+	return out, err
+}

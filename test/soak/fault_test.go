@@ -1,0 +1,576 @@
+//go:build soak
+
+package soak
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"errors"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// scenario is one named fault soak: cycle runs one round of its fault
+// (about one CA lifetime of simulated time), and the harness runs as many
+// cycles as -soak.cycles (or -soak.years) asks for.
+type scenario struct {
+	name   string
+	params func(*params)
+	cycle  func(w *world, cycle int)
+	// unsafePerCycle is the unsafe rotations each cycle must cause, per CA
+	// store: the Authority's Secret and each SelfSigned provider.
+	unsafePerCycle int
+	// final checks what the scenario must have caused, after the calm end.
+	final func(w *world, cycles int)
+	// control marks a negative control: the harness must see the
+	// invariant broken (proof that the check is not vacuous).
+	control bool
+}
+
+// TestSoakFaults proves observed CA rotation under faults, running the real
+// loops: every SelfSigned, Authority replica, file provider, sni controller
+// and the caBundle publisher run their own Run loops; the test only steps
+// the clock, injects faults and checks, after every step, that clients
+// holding a bundle as published at least the propagation delay ago (or as
+// the webhook configuration holds it now) complete real TLS handshakes with
+// every server. See the scenario list for what each one does.
+func TestSoakFaults(t *testing.T) {
+	scenarios := faultScenarios()
+	cycles := *cyclesFlag
+	if cycles <= 0 {
+		// Enough cycles for -soak.years of simulated time in all.
+		perCycle := defaultParams().ca
+		cycles = max(1, int(math.Ceil(float64(*years)*365*float64(day)/(float64(len(scenarios))*float64(perCycle)))))
+	}
+	var tot totals
+	for _, sc := range scenarios {
+		if !t.Run(sc.name, func(t *testing.T) { runScenario(t, sc, cycles, &tot) }) && testing.Short() {
+			break
+		}
+	}
+	t.Logf("soak report faults: %d scenarios x %d cycles, simulated %s (%.1f years), rotations %.0f, handshakes %d, API calls %d, unsafe rotations %.0f, failures %d",
+		len(scenarios), cycles, formatDuration(tot.simulated), tot.simulated.Hours()/24/365, tot.rotations, tot.handshakes, tot.calls, tot.unsafe, tot.failures)
+	if *years >= 10 && *cyclesFlag == 0 {
+		assert.GreaterOrEqual(t, tot.simulated, time.Duration(*years)*365*day, "simulated time of the long form")
+		assert.GreaterOrEqual(t, tot.rotations, 10000.0, "rotations of the long form")
+	}
+}
+
+func runScenario(t *testing.T, sc scenario, cycles int, tot *totals) {
+	p := defaultParams()
+	if sc.params != nil {
+		sc.params(&p)
+	}
+	w := newWorld(t, sc.name, p)
+	w.control = sc.control
+	defer func() {
+		if t.Failed() {
+			w.close()
+			return
+		}
+		w.finish(tot)
+	}()
+	for c := range cycles {
+		sc.cycle(w, c)
+		if t.Failed() {
+			return
+		}
+	}
+	// A calm end: whatever the faults did, everything converges.
+	w.runFor(2 * p.step)
+	if t.Failed() {
+		return
+	}
+	if sc.control {
+		assert.Positive(t, w.rep.controlFailures.Load(), "the negative control must break the invariant, or the check is vacuous")
+		return
+	}
+	w.assertConverged()
+	w.assertUnsafe(sc.unsafePerCycle * cycles)
+	if sc.final != nil {
+		sc.final(w, cycles)
+	}
+}
+
+func faultScenarios() []scenario {
+	return []scenario{
+		// Pauses: one big clock step, nothing in between.
+		{name: "pause-1h", cycle: func(w *world, _ int) {
+			// Across the moment the successor may sign.
+			w.toPublished()
+			st, _ := w.caState()
+			w.runTo(st.nextSince.Add(w.p.pd - 30*time.Minute))
+			w.pause(time.Hour)
+			w.toPromoted()
+		}},
+		{name: "pause-leaf-lifetime", cycle: func(w *world, _ int) {
+			// Every leaf expires during the pause, which spans the
+			// successor's publication.
+			w.runTo(w.publishAt().Add(-time.Hour))
+			w.pause(w.p.leaf)
+			w.toPublished()
+			w.toPromoted()
+		}},
+		{name: "pause-0.9-ca-after-publication", cycle: func(w *world, _ int) {
+			// The signing CA expires during the pause; the successor,
+			// published and observed before it, is still valid.
+			w.toPublished()
+			w.pause(w.p.ca * 9 / 10)
+			w.toPublished()
+			w.toPromoted()
+		}},
+		{name: "pause-0.9-ca-after-promotion", cycle: func(w *world, _ int) {
+			// The signing CA is still valid after the pause, for less than
+			// a leaf lifetime: it must keep signing (capped leaves) until
+			// a successor published after the pause may sign.
+			w.toPublished()
+			w.toPromoted()
+			w.pause(w.p.ca * 9 / 10)
+			w.toPublished()
+			w.toPromoted()
+		}},
+		{name: "pause-1.5-ca", unsafePerCycle: 1, cycle: func(w *world, _ int) {
+			// Every CA ever published expires during the pause: the one
+			// documented unsafe rotation. Clients holding bundles from
+			// before it fail until they refresh; nobody else does.
+			w.runTo(w.publishAt().Add(-2 * day))
+			d := w.p.ca * 3 / 2
+			w.unsafeAt = append(w.unsafeAt, w.now().Add(d))
+			w.pause(d)
+			w.toPublished()
+			w.toPromoted()
+		}, final: func(w *world, cycles int) {
+			if observedAPI {
+				assert.GreaterOrEqual(w.t, w.events.count("Warning/"), cycles, "an unsafe rotation is sent as a Warning Event: %s", w.events)
+			}
+		}},
+
+		// Skew: each replica's clock is off by its offset; clients verify
+		// at the server's time. The tolerance must cover the largest skew
+		// between two replicas (2 h here): with the default (1 h), a CA
+		// that the replica ahead makes and that signs at once (the first
+		// one, or after an unsafe rotation) is not yet valid for the
+		// replica behind, whose sni controller then refuses its own leaf
+		// for an hour.
+		{name: "skew", params: func(p *params) {
+			p.offsets = []time.Duration{-time.Hour, 0, time.Hour}
+			p.skewTolerance = 2 * time.Hour
+			p.startFirst = []int{2} // the replica ahead makes the first CA
+		}, cycle: func(w *world, _ int) {
+			w.toPublished()
+			st, _ := w.caState()
+			// Hour by hour around the moment each replica's clock lets the
+			// successor sign.
+			w.runTo(st.nextSince.Add(w.p.pd - 3*time.Hour))
+			for range 6 {
+				w.advance(time.Hour)
+			}
+			w.toPromoted()
+		}},
+
+		// API faults, around the successor's publication (even cycles) and
+		// around its promotion (odd cycles).
+		apiFaultScenario("api-403", forbiddenFault),
+		apiFaultScenario("api-500", internalErrorFault),
+		apiFaultScenario("api-429", func() *apiFault { return tooManyRequestsFault(retryAfter) }),
+		apiFaultScenario("api-timeout", timeoutFault),
+		apiFaultScenario("api-lost-response", lostResponseFault),
+		apiFaultScenario("api-conflict", conflictFault),
+
+		{name: "competing-writer", cycle: competingWriterCycle},
+		{name: "webhook-unwritable", cycle: webhookUnwritableCycle},
+
+		{name: "secret-deleted", cycle: func(w *world, c int) {
+			if c%2 == 0 {
+				w.runTo(w.publishAt().Add(-2 * day)) // mid-life
+			} else {
+				w.toPublished() // while a successor waits
+				w.runFor(time.Hour)
+			}
+			w.act(func() {
+				require.NoError(w.t, w.api.tracker.Delete(secretsGVR, namespace, secretName))
+			})
+			w.toPublished()
+			w.toPromoted()
+		}},
+		{name: "secret-rollback", cycle: func(w *world, c int) {
+			// An etcd restore: the Secret goes back to a copy saved right
+			// after the last promotion, while its CAs are still valid.
+			w.toPublished()
+			w.toPromoted()
+			saved := w.api.secret(namespace, secretName)
+			w.toPublished()
+			if c%2 == 1 {
+				w.toPromoted()
+			}
+			w.runFor(time.Hour)
+			w.restore(saved)
+			w.toPublished()
+			w.toPromoted()
+		}},
+		{name: "secret-rollback-expired", cycle: func(w *world, _ int) {
+			// An etcd restore from a backup older than a CA lifetime: every
+			// CA in it has expired, while the CAs clients trust are valid.
+			saved := w.api.secret(namespace, secretName)
+			w.runFor(w.p.ca + w.p.caRenew)
+			w.restore(saved)
+			w.toPublished()
+			w.toPromoted()
+		}},
+
+		{name: "crash-mid-rotation", cycle: crashCycle},
+
+		{name: "file-faults", cycle: fileFaultCycle},
+
+		// Negative controls: the same harness with a weaker system or a
+		// stricter client must see failures.
+		{name: "control-stale-bundles", control: true, params: func(p *params) {
+			// Clients that refresh their bundle only every CA renew-before:
+			// evercert does not promise them anything.
+			p.bundleAge = p.caRenew + p.step
+		}, cycle: func(w *world, _ int) {
+			w.toPublished()
+			w.toPromoted()
+			w.runFor(w.p.step)
+		}},
+		{name: "control-unobserved-webhook", control: true, params: func(p *params) {
+			p.noObserver = true // the publisher is not an observer
+		}, cycle: webhookUnwritableCycle},
+	}
+}
+
+// retryAfter is the Retry-After of the 429 stretches.
+const retryAfter = time.Minute
+
+func apiFaultScenario(name string, fault func() *apiFault) scenario {
+	return scenario{name: name, cycle: func(w *world, c int) {
+		var at time.Time
+		if c%2 == 0 {
+			at = w.publishAt()
+		} else {
+			w.toPublished()
+			st, _ := w.caState()
+			at = st.nextSince.Add(w.p.pd)
+		}
+		w.runTo(at.Add(-2 * time.Minute))
+		f := fault()
+		w.api.fault.Store(f)
+		// Retry by retry, to see the backoff; then coarse steps for the
+		// rest of a half-day outage.
+		const stretch = 3 * time.Minute
+		calls := w.fine(stretch, 5*time.Second, time.Minute)
+		w.assertBackoff(f, calls, stretch)
+		w.runFor(w.p.step)
+		require.Positive(w.t, w.api.faultHits.Load(), "the fault was hit")
+		w.api.fault.Store(nil)
+		w.toPublished()
+		w.toPromoted()
+	}}
+}
+
+// assertBackoff checks that a fault stretch of d did not make the loops
+// retry faster than their backoff allows: exponential from 0.8 s, capped at
+// 30 s (a 429 waits at least its Retry-After), for each replica's
+// reconcile loop (and lease, with observed rotation) and the publisher.
+func (w *world) assertBackoff(f *apiFault, calls int64, d time.Duration) {
+	loops := len(w.live()) + 1
+	if observedAPI {
+		loops += len(w.live()) // lease renewals
+	}
+	perAttempt := 3 // a read, a write, a lease or event
+	if f.name == "conflict" {
+		perAttempt = 10 // five read-and-write attempts before backing off
+	}
+	minInterval := 30 * time.Second
+	if f.name == "429" {
+		minInterval = retryAfter
+	}
+	const ramp = 8 // attempts before the backoff reaches its cap
+	bound := int64(loops * perAttempt * (ramp + int(d/minInterval)))
+	perMin := float64(calls) / d.Minutes()
+	w.rep.peakPerMin = max(w.rep.peakPerMin, perMin)
+	w.t.Logf("%s: %d requests in %v of %s faults (%.1f per simulated minute; backoff bound %d)", w.name, calls, d, f.name, perMin, bound)
+	if calls > bound {
+		w.t.Errorf("%s: %d requests in %v of %s faults (%.1f/min) exceed what the backoff allows (%d): a hot loop\nrequests: %s",
+			w.name, calls, d, f.name, perMin, bound, w.api.verbs())
+	}
+}
+
+// competingWriterCycle lets another writer rewrite the webhook's caBundle
+// for a stretch that spans the successor's publication and the moment it
+// could sign, then go away.
+func competingWriterCycle(w *world, _ int) {
+	w.runTo(w.publishAt().Add(-30 * time.Minute))
+	contested := contestedCount(w)
+	patches := w.api.requests("patch validatingwebhookconfigurations")
+	c := startCompetitor(w)
+	const stretch = 20 * time.Minute
+	w.fine(stretch, 15*time.Second, time.Minute)
+	w.runFor(w.p.step)
+	if observedAPI {
+		assert.Error(w.t, publisherHealth(w.pods[0].pub), "the publisher reports the contested caBundle")
+	}
+	c.stop()
+	during := w.api.requests("patch validatingwebhookconfigurations") - patches
+	w.t.Logf("%s: the competitor wrote %d times, the publisher %d times in %s", w.name, c.writes.Load(), during, formatDuration(w.p.step+stretch))
+	if observedAPI {
+		// It backs off instead of flipping the field at API latency.
+		assert.Less(w.t, during, int64(100), "publisher writes while contested")
+		assert.Greater(w.t, contestedCount(w), contested, `evercert_cabundle_publish_total{result="contested"}`)
+	}
+	w.toPublished()
+	w.toPromoted()
+	// The contest clears once the published bundle has held for a while.
+	w.advance(w.p.step)
+	if observedAPI {
+		assert.NoError(w.t, publisherHealth(w.pods[0].pub), "the publisher converged")
+	}
+}
+
+// webhookUnwritableCycle makes the webhook configuration unwritable from
+// before the successor's publication until a day after its minimum delay
+// ended: the successor must not sign while the caBundle lacks it.
+func webhookUnwritableCycle(w *world, _ int) {
+	w.runTo(w.publishAt().Add(-time.Hour))
+	w.api.fault.Store(&apiFault{name: "403", verbs: []string{"patch", "update"}, resources: []string{"validatingwebhookconfigurations"},
+		err: func(a clienttesting.Action) error {
+			return apierrors.NewForbidden(a.GetResource().GroupResource(), webhookName, errors.New("soak: RBAC lost on the webhook"))
+		}})
+	successor := w.toPublished()
+	w.runFor(w.p.pd + day)
+	if !w.p.noObserver {
+		st, _ := w.caState()
+		assert.False(w.t, st.signing.Equal(successor), "the successor signed while the webhook configuration lacks it")
+		p := w.pods[0]
+		status, _ := authorityStatus(p.auth)
+		assert.Contains(w.t, status.pending, p.pub.Name(), "Status names the publisher as pending")
+		assert.Positive(w.t, pendingObservers(w.t, p.auth.Name()), "evercert_ca_rotation_pending_observers")
+	}
+	w.api.fault.Store(nil)
+	w.toPromoted()
+}
+
+func contestedCount(w *world) float64 {
+	return certmetricstest.Value(w.t, "evercert_cabundle_publish_total", map[string]string{"kind": "ValidatingWebhookConfiguration", "result": "contested"})
+}
+
+// crashCycle crashes a replica right after it committed a rotation write
+// (the promotion in even cycles, the publication in odd ones) and restarts
+// it later: after 6 h (before its lease expires) or after 2 days.
+func crashCycle(w *world, c int) {
+	kind, restartAfter := "promote", 6*time.Hour
+	if c%2 == 1 {
+		kind, restartAfter = "publish", 2*day
+	}
+	for _, p := range w.live() {
+		p.crashOn.Store(&kind)
+	}
+	var crashed *pod
+	w.runUntil("a replica crashing on its "+kind+" write", 2*w.p.ca, func() bool {
+		for _, p := range w.all {
+			if p.crashed.Load() && p.down && !p.reported {
+				p.reported, crashed = true, p
+				return true
+			}
+		}
+		return false
+	})
+	for _, p := range w.live() {
+		p.crashOn.Store(nil)
+	}
+	w.t.Logf("%s: %s crashed after its %s write at %s; restarting in %v", w.name, crashed.name, kind, w.simTime(), restartAfter)
+	w.runFor(restartAfter)
+	w.act(func() { w.startPod(crashed.idx) })
+	w.toPublished()
+	w.toPromoted()
+}
+
+// fileFaultCycle damages the watched pair in each way a volume can be
+// damaged, one after the other; the file providers must keep serving the
+// last good pair and take the next good one.
+func fileFaultCycle(w *world, _ int) {
+	crt, key := filepath.Join(w.dir, "tls.crt"), filepath.Join(w.dir, "tls.key")
+	newLeaf := w.newFileLeaf
+	good := func(leaf *pki.Issued) {
+		w.writeFile("tls.key", leaf.KeyPEM)
+		w.writeFile("tls.crt", leaf.CertPEM)
+		w.fileCur, w.fileAt, w.fileBad = leaf, w.now(), false
+	}
+	faults := []struct {
+		name   string
+		damage func() *pki.Issued // returns the pair to complete it with, or nil
+	}{
+		{"half-written pair (certificate written, key not yet)", func() *pki.Issued {
+			leaf := newLeaf()
+			w.writeFile("tls.crt", leaf.CertPEM)
+			return leaf
+		}},
+		{"garbage certificate", func() *pki.Issued {
+			w.writeFile("tls.crt", []byte("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"))
+			return nil
+		}},
+		{"certificate replaced by a directory", func() *pki.Issued {
+			require.NoError(w.t, os.Remove(crt))
+			require.NoError(w.t, os.Mkdir(crt, 0o700))
+			return nil
+		}},
+		{"truncated key", func() *pki.Issued {
+			leaf := newLeaf()
+			w.writeFile("tls.crt", leaf.CertPEM)
+			w.writeFile("tls.key", leaf.KeyPEM[:len(leaf.KeyPEM)/2])
+			return nil
+		}},
+		{"empty certificate", func() *pki.Issued {
+			w.writeFile("tls.crt", nil)
+			return nil
+		}},
+		{"key replaced by a dangling symlink", func() *pki.Issued {
+			require.NoError(w.t, os.Remove(key))
+			require.NoError(w.t, os.Symlink(filepath.Join(w.dir, "gone", "tls.key"), key))
+			return nil
+		}},
+	}
+	for _, f := range faults {
+		old := w.fileCur
+		errsBefore := map[*pod]float64{}
+		for _, p := range w.live() {
+			errsBefore[p] = certmetricstest.LoadErrors(w.t, p.file.Name())
+		}
+		var complete *pki.Issued
+		w.act(func() {
+			w.fileBad = true
+			complete = f.damage()
+		})
+		w.advance(w.p.step) // a resync on the clock re-reads the damage too
+		for _, p := range w.live() {
+			cur := p.file.Current()
+			if assert.NotNil(w.t, cur, "%s: %s", p.name, f.name) {
+				assert.True(w.t, cur.Leaf.Equal(old.Cert), "%s: %s: the last good pair is still served", p.name, f.name)
+			}
+			assert.Error(w.t, p.file.LastError(), "%s: %s: reported", p.name, f.name)
+			assert.Greater(w.t, certmetricstest.LoadErrors(w.t, p.file.Name()), errsBefore[p], "%s: %s: counted", p.name, f.name)
+		}
+		w.act(func() {
+			if complete != nil {
+				w.writeFile("tls.key", complete.KeyPEM)
+				w.fileCur, w.fileAt, w.fileBad = complete, w.now(), false
+				return
+			}
+			if fi, err := os.Lstat(key); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+				require.NoError(w.t, os.Remove(key))
+			}
+			good(newLeaf())
+		})
+		for _, p := range w.live() {
+			assert.NoError(w.t, p.file.LastError(), "%s: recovered from %s", p.name, f.name)
+		}
+		w.advance(w.p.step)
+	}
+	w.toPublished()
+	w.toPromoted()
+}
+
+// act does something to the world between two steps (no clock change),
+// then waits for the loops and checks.
+func (w *world) act(f func()) {
+	w.t.Helper()
+	f()
+	w.settle()
+	if len(w.reapCrashed()) > 0 {
+		w.settle()
+	}
+	w.pollBundles()
+	w.check()
+}
+
+// restore writes saved back as the CA Secret, as an etcd restore would:
+// the content goes back, the resourceVersion moves on.
+func (w *world) restore(saved *corev1.Secret) {
+	w.t.Helper()
+	require.NotNil(w.t, saved, "no saved Secret")
+	w.act(func() {
+		s := saved.DeepCopy()
+		s.ResourceVersion = ""
+		s.ManagedFields = nil
+		if w.api.secret(namespace, secretName) == nil {
+			require.NoError(w.t, w.api.tracker.Create(secretsGVR, s, namespace, metav1.CreateOptions{}))
+			return
+		}
+		require.NoError(w.t, w.api.tracker.Update(secretsGVR, s, namespace, metav1.UpdateOptions{}))
+	})
+}
+
+// assertConverged checks the steady state after the calm end: every
+// replica on the Secret's bundle, the webhook holding it, no successor left
+// waiting on an observer.
+func (w *world) assertConverged() {
+	t := w.t
+	secret := w.api.secret(namespace, secretName)
+	require.NotNil(t, secret, "CA secret")
+	bundle := secret.Data[dynamiccert.SecretCAKey]
+	for _, p := range w.live() {
+		assert.Equal(t, string(bundle), string(p.auth.CurrentCABundleContent()), "%s: bundle", p.name)
+		assert.NoError(t, p.auth.LastError(), "%s", p.name)
+	}
+	assert.Equal(t, string(bundle), string(w.webhookBundle()), "the webhook configuration holds the bundle")
+	if p := w.pods[0]; p != nil && p.pub != nil {
+		assert.NoError(t, publisherHealth(p.pub), "publisher health")
+	}
+	if observedAPI {
+		for _, p := range w.live() {
+			st, _ := authorityStatus(p.auth)
+			if st.successorSerial != "" {
+				assert.Less(t, w.now().Sub(st.successorPublishedAt), w.p.pd+w.p.lease, "%s: successor %s waits on %v", p.name, st.successorSerial, st.pending)
+			}
+		}
+	}
+}
+
+// assertUnsafe checks that exactly n unsafe rotations happened to the
+// Authority's Secret and to each SelfSigned provider, in the metric and in
+// Status().
+func (w *world) assertUnsafe(n int) {
+	t := w.t
+	var authority float64
+	var statusSum int
+	for _, p := range w.all {
+		authority += unsafeRotations(t, p.provider("authority"))
+		if !p.down {
+			if st, ok := authorityStatus(p.auth); ok {
+				statusSum += st.unsafe
+			}
+		}
+	}
+	if !observedAPI {
+		if n > 0 {
+			t.Logf("%s: unsafe rotations are not reported before the observed-rotation API (expected %d)", w.name, n)
+		}
+		return
+	}
+	assert.Equal(t, float64(n), authority, "evercert_unsafe_rotations_total of the authority replicas")
+	if n > 0 {
+		assert.Positive(t, statusSum, "Status().UnsafeRotations of the authority replicas")
+	}
+	for _, p := range w.all {
+		if p.down {
+			continue // restarted: a new provider
+		}
+		assert.Equal(t, float64(n), unsafeRotations(t, p.provider("self-signed")), "%s: evercert_unsafe_rotations_total", p.provider("self-signed"))
+		st, _ := selfSignedStatus(p.self)
+		assert.Equal(t, n, st.unsafe, "%s: Status().UnsafeRotations", p.provider("self-signed"))
+	}
+}
