@@ -377,22 +377,44 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		return false
 	}
 	last := s.last
+	skew := s.cfg.SkewTolerance
+	// A CA that expires within the skew tolerance may have left on
+	// schedule, on a replica whose clock is ahead: it is not lost, and
+	// writing it back would flip ca.crt with that replica until our clock
+	// catches up.
+	keep := func(c *x509.Certificate) bool { return now.Add(skew).Before(c.NotAfter) }
 	restored := false
 	for _, c := range last.bundle {
-		// An expired CA left the bundle on schedule; it is not lost.
-		if now.Before(c.NotAfter) && !slices.ContainsFunc(st.bundle, c.Equal) {
+		if keep(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
 			st.bundle, restored = append(st.bundle, c), true
 		}
 	}
-	slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
-	if last.signing != nil && now.Before(last.signing.Cert.NotAfter) &&
-		(st.signing == nil || last.signing.Cert.NotBefore.After(st.signing.Cert.NotBefore)) &&
+	if restored {
+		// Only a bundle that is written back is reordered: a replica that
+		// holds ca.crt in another order than the Secret publishes other
+		// bytes (caBundle, bundle file, its announced hash) than its peers.
+		slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
+	}
+	// The Secret went back in time when its signing CA is older than ours
+	// and either one we knew (a restore brings back what was there before)
+	// or no longer valid. A valid CA we never saw is another writer's: a
+	// replica whose clock is behind ours by more than the tolerance made it
+	// because ours is not yet valid on its clock. Taking that for a
+	// rollback would make the two replace each other's CA at API latency,
+	// adding a CA to ca.crt on every round.
+	rolledBack := func(c *pki.Issued) bool {
+		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
+		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
+		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid)
+	}
+	if last.signing != nil && keep(last.signing.Cert) &&
+		(st.signing == nil || rolledBack(st.signing)) &&
 		(st.next == nil || !st.next.Cert.Equal(last.signing.Cert)) {
 		// Ours is newer: the Secret went back in time. (A successor that
 		// another replica promoted is newer than ours and wins.)
 		st.signing, restored = last.signing, true
 	}
-	if st.next == nil && last.next != nil && now.Before(last.next.Cert.NotAfter) && st.signing != nil &&
+	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
 		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
 		st.next, st.nextSince, st.seenSince, restored = last.next, last.nextSince, last.seenSince, true
 	}

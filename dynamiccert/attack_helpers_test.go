@@ -1,0 +1,101 @@
+package dynamiccert
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// secretWrites counts creates and updates of Secrets by anyone.
+func secretWrites(client *fake.Clientset) *atomic.Int64 {
+	n := &atomic.Int64{}
+	for _, verb := range []string{"create", "update"} {
+		client.PrependReactor(verb, "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+			n.Add(1)
+			return false, nil, nil
+		})
+	}
+	return n
+}
+
+// settle waits until every replica has finished its pass (the fake clock has
+// `loops` waiters) and every replica holds what the Secret holds: nobody is
+// about to write. A write ping-pong never settles; it is caught by maxWrites
+// instead of by a timeout: more than maxWrites writes since the call fail
+// the test at once.
+func settle(t *testing.T, clk *clocktesting.FakeClock, loops int, client *fake.Clientset, writes *atomic.Int64, maxWrites int64, replicas ...*Authority) {
+	t.Helper()
+	start := writes.Load()
+	deadline := time.Now().Add(guard)
+	for {
+		if n := writes.Load() - start; n > maxWrites {
+			t.Fatalf("write ping-pong: %d Secret writes without the clock moving (at most %d expected); ca.crt now holds %d CAs", n, maxWrites, bundleLen(client))
+		}
+		if clk.Waiters() >= loops && agree(client, replicas) {
+			rv := secretRV(client)
+			// Still the same Secret and still every loop asleep: settled.
+			if clk.Waiters() >= loops && agree(client, replicas) && rv == secretRV(client) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas never settled: %d writes since the step; %d of %d loops asleep, replicas agree with the Secret: %v",
+				writes.Load()-start, clk.Waiters(), loops, agree(client, replicas))
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+func bundleLen(client *fake.Clientset) int {
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	if err != nil {
+		return 0
+	}
+	return bytes.Count(s.Data[SecretCAKey], []byte("BEGIN CERTIFICATE"))
+}
+
+func secretRV(client *fake.Clientset) string {
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	return s.ResourceVersion
+}
+
+// agree reports whether every replica's bundle and signing CA are the
+// Secret's.
+func agree(client *fake.Clientset, replicas []*Authority) bool {
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	for _, a := range replicas {
+		a.mu.RLock()
+		ok := a.hasState && bytes.Equal(a.bundle, s.Data[SecretCAKey]) && bytes.Equal(a.cas.signing.CertPEM, s.Data["tls.crt"])
+		a.mu.RUnlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// verifiesAt reports whether p's leaf chains to bundle at now.
+func verifiesAt(t *testing.T, leaf *x509.Certificate, bundle []byte, now time.Time) error {
+	t.Helper()
+	require.NotNil(t, leaf)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(bundle))
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now})
+	return err
+}

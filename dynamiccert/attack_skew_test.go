@@ -1,0 +1,99 @@
+package dynamiccert
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// skewedReplica starts an Authority on the shared clock shifted by offset.
+func skewedReplica(t *testing.T, client *fake.Clientset, base *clocktesting.FakeClock, id string, offset time.Duration, mutate func(*AuthorityConfig)) *Authority {
+	t.Helper()
+	cfg := AuthorityConfig{
+		Name: "attack-skew-" + id, Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: id,
+		Hosts: []string{"localhost"}, Clock: offsetClock{base, offset}, DisableReplicaAnnouncements: true,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	a, err := NewAuthority(cfg)
+	require.NoError(t, err)
+	runInBackground(t, a.Run)
+	return a
+}
+
+// TestAttackSkewBeyondToleranceConverges: two replicas whose clocks are
+// three hours apart, three times the default one-hour tolerance. The slow
+// one finds the fast one's CA not yet valid and makes its own (an unsafe
+// rotation: beyond the tolerance, that is the documented price). What must
+// not happen is the fast replica taking the slow one's new CA for a rollback
+// and writing its own back, the slow one replacing it again, and so on: a
+// write loop at API latency that adds a CA to ca.crt on every round.
+func TestAttackSkewBeyondToleranceConverges(t *testing.T) {
+	client := fake.NewClientset()
+	writes := secretWrites(client)
+	base := clocktesting.NewFakeClock(testNow)
+
+	fast := skewedReplica(t, client, base, "fast", 3*time.Hour, nil)
+	waitFor(t, "the fast replica's CA", func() bool { return fast.Leaf() != nil })
+	settle(t, base, 1, client, writes, 3, fast)
+
+	slow := skewedReplica(t, client, base, "slow", 0, nil)
+	waitFor(t, "the slow replica's leaf", func() bool { return slow.Leaf() != nil })
+	settle(t, base, 2, client, writes, 10, fast, slow)
+
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.LessOrEqual(t, len(mustParseBundle(t, s.Data[SecretCAKey])), 2, "ca.crt grows with every round")
+	for _, r := range []struct {
+		a   *Authority
+		now time.Time
+	}{{fast, base.Now().Add(3 * time.Hour)}, {slow, base.Now()}} {
+		require.NoError(t, verifiesAt(t, r.a.Leaf(), s.Data[SecretCAKey], r.now), "%s", r.a.Name())
+	}
+	assert.LessOrEqual(t, fast.Status().UnsafeRotations+slow.Status().UnsafeRotations, 1)
+}
+
+// TestAttackSkewWithinToleranceRetire: replicas four minutes apart with a
+// five-minute tolerance run through the retirement of the first CA. The
+// replica whose clock is ahead prunes the expired CA from ca.crt first; the
+// one behind must not take that for a rollback and write the CA back, or
+// the two flip ca.crt at API latency until the slow clock catches up.
+func TestAttackSkewWithinToleranceRetire(t *testing.T) {
+	client := fake.NewClientset()
+	writes := secretWrites(client)
+	base := clocktesting.NewFakeClock(testNow)
+	short := func(c *AuthorityConfig) { c.Lifetime = time.Hour } // skew tolerance: RenewBefore/4 = 5m
+	ahead := skewedReplica(t, client, base, "ahead", 4*time.Minute, short)
+	waitFor(t, "the first CA", func() bool { return ahead.Leaf() != nil })
+	behind := skewedReplica(t, client, base, "behind", 0, short)
+	waitFor(t, "the second replica", func() bool { return behind.Leaf() != nil })
+	require.Equal(t, 5*time.Minute, ahead.cfg.SkewTolerance)
+	settle(t, base, 2, client, writes, 3, ahead, behind)
+	first := ahead.Status().Signing
+
+	// Through the first CA's expiry (on either clock) in one-minute steps.
+	for base.Now().Before(first.NotAfter.Add(10 * time.Minute)) {
+		step := time.Minute
+		if base.Now().Before(first.NotAfter.Add(-30 * time.Minute)) {
+			step = 10 * time.Minute
+		}
+		base.Step(step)
+		settle(t, base, 2, client, writes, 4, ahead, behind)
+	}
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	for _, c := range mustParseBundle(t, s.Data[SecretCAKey]) {
+		assert.NotEqual(t, first.Serial, serial(c), "the expired CA is back in ca.crt")
+	}
+	for _, a := range []*Authority{ahead, behind} {
+		assert.Zero(t, a.Status().UnsafeRotations, fmt.Sprint(a.Name()))
+	}
+}
