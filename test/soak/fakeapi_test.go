@@ -14,15 +14,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	admissionregistrationv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	admissionregistrationv1client "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
 )
@@ -272,15 +278,38 @@ func conflictFault() *apiFault {
 }
 
 // podClient is one replica's client: the scenario's one fake clientset,
-// with a hook on the CA Secret writes (to crash the replica right after one
-// was committed).
+// with the replica's requests counted by verb and resource (to bound each
+// loop's retries on its own) and a hook on the CA Secret writes (to crash
+// the replica right after one was committed).
 type podClient struct {
 	kubernetes.Interface
 	// afterSecretWrite, when set, is called after a committed Secret write
 	// with the content before and after; it returns an error to report
 	// instead of the result (a crash: the response never arrives).
 	afterSecretWrite func(before, after *corev1.Secret) error
-	api              *fakeAPI
+	// blockSecretWrites makes the replica lose every Secret write to
+	// another writer (409 Conflict) while set.
+	blockSecretWrites atomic.Bool
+	api               *fakeAPI
+
+	mu     sync.Mutex
+	counts map[string]int64 // "verb resource"
+}
+
+func (c *podClient) count(verb, resource string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.counts == nil {
+		c.counts = map[string]int64{}
+	}
+	c.counts[verb+" "+resource]++
+}
+
+// snapshot returns the counts so far.
+func (c *podClient) snapshot() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
 }
 
 // IsWatchListSemanticsUnSupported tells client-go's reflector, as the fake
@@ -289,6 +318,14 @@ func (c *podClient) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (c *podClient) CoreV1() corev1client.CoreV1Interface {
 	return podCoreV1{CoreV1Interface: c.Interface.CoreV1(), c: c}
+}
+
+func (c *podClient) CoordinationV1() coordinationv1client.CoordinationV1Interface {
+	return podCoordinationV1{CoordinationV1Interface: c.Interface.CoordinationV1(), c: c}
+}
+
+func (c *podClient) AdmissionregistrationV1() admissionregistrationv1client.AdmissionregistrationV1Interface {
+	return podAdmissionV1{AdmissionregistrationV1Interface: c.Interface.AdmissionregistrationV1(), c: c}
 }
 
 type podCoreV1 struct {
@@ -306,7 +343,31 @@ type podSecrets struct {
 	ns string
 }
 
+func (s podSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
+	s.c.count("get", "secrets")
+	return s.SecretInterface.Get(ctx, name, opts)
+}
+
+func (s podSecrets) List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error) {
+	s.c.count("list", "secrets")
+	return s.SecretInterface.List(ctx, opts)
+}
+
+func (s podSecrets) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	s.c.count("watch", "secrets")
+	return s.SecretInterface.Watch(ctx, opts)
+}
+
+func (s podSecrets) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*corev1.Secret, error) {
+	s.c.count("patch", "secrets")
+	return s.SecretInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
 func (s podSecrets) Update(ctx context.Context, secret *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	s.c.count("update", "secrets")
+	if s.c.blockSecretWrites.Load() {
+		return nil, apierrors.NewConflict(secretsGVR.GroupResource(), secret.Name, errors.New("soak: another replica wrote first"))
+	}
 	before := s.c.api.secret(s.ns, secret.Name)
 	out, err := s.SecretInterface.Update(ctx, secret, opts)
 	if err == nil && s.c.afterSecretWrite != nil {
@@ -318,6 +379,10 @@ func (s podSecrets) Update(ctx context.Context, secret *corev1.Secret, opts meta
 }
 
 func (s podSecrets) Create(ctx context.Context, secret *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	s.c.count("create", "secrets")
+	if s.c.blockSecretWrites.Load() {
+		return nil, apierrors.NewAlreadyExists(secretsGVR.GroupResource(), secret.Name)
+	}
 	out, err := s.SecretInterface.Create(ctx, secret, opts)
 	if err == nil && s.c.afterSecretWrite != nil {
 		if herr := s.c.afterSecretWrite(nil, out); herr != nil {
@@ -325,4 +390,94 @@ func (s podSecrets) Create(ctx context.Context, secret *corev1.Secret, opts meta
 		}
 	}
 	return out, err
+}
+
+type podCoordinationV1 struct {
+	coordinationv1client.CoordinationV1Interface
+	c *podClient
+}
+
+func (p podCoordinationV1) Leases(ns string) coordinationv1client.LeaseInterface {
+	return podLeases{LeaseInterface: p.CoordinationV1Interface.Leases(ns), c: p.c}
+}
+
+type podLeases struct {
+	coordinationv1client.LeaseInterface
+	c *podClient
+}
+
+func (l podLeases) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	l.c.count("get", "leases")
+	return l.LeaseInterface.Get(ctx, name, opts)
+}
+
+func (l podLeases) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+	l.c.count("list", "leases")
+	return l.LeaseInterface.List(ctx, opts)
+}
+
+func (l podLeases) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	l.c.count("watch", "leases")
+	return l.LeaseInterface.Watch(ctx, opts)
+}
+
+func (l podLeases) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	l.c.count("create", "leases")
+	return l.LeaseInterface.Create(ctx, lease, opts)
+}
+
+func (l podLeases) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	l.c.count("update", "leases")
+	return l.LeaseInterface.Update(ctx, lease, opts)
+}
+
+func (l podLeases) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*coordinationv1.Lease, error) {
+	l.c.count("patch", "leases")
+	return l.LeaseInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+type podAdmissionV1 struct {
+	admissionregistrationv1client.AdmissionregistrationV1Interface
+	c *podClient
+}
+
+func (p podAdmissionV1) ValidatingWebhookConfigurations() admissionregistrationv1client.ValidatingWebhookConfigurationInterface {
+	return podWebhooks{ValidatingWebhookConfigurationInterface: p.AdmissionregistrationV1Interface.ValidatingWebhookConfigurations(), c: p.c}
+}
+
+type podWebhooks struct {
+	admissionregistrationv1client.ValidatingWebhookConfigurationInterface
+	c *podClient
+}
+
+const webhooksResource = "validatingwebhookconfigurations"
+
+func (v podWebhooks) Get(ctx context.Context, name string, opts metav1.GetOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	v.c.count("get", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.Get(ctx, name, opts)
+}
+
+func (v podWebhooks) List(ctx context.Context, opts metav1.ListOptions) (*admissionregistrationv1.ValidatingWebhookConfigurationList, error) {
+	v.c.count("list", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.List(ctx, opts)
+}
+
+func (v podWebhooks) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	v.c.count("watch", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.Watch(ctx, opts)
+}
+
+func (v podWebhooks) Update(ctx context.Context, obj *admissionregistrationv1.ValidatingWebhookConfiguration, opts metav1.UpdateOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	v.c.count("update", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.Update(ctx, obj, opts)
+}
+
+func (v podWebhooks) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	v.c.count("patch", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+func (v podWebhooks) Apply(ctx context.Context, obj *admissionregistrationv1ac.ValidatingWebhookConfigurationApplyConfiguration, opts metav1.ApplyOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	v.c.count("apply", webhooksResource)
+	return v.ValidatingWebhookConfigurationInterface.Apply(ctx, obj, opts)
 }

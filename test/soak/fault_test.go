@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ type scenario struct {
 	// control marks a negative control: the harness must see the
 	// invariant broken (proof that the check is not vacuous).
 	control bool
+	// knownIssue, when set, names a failure of the implementation this
+	// scenario reproduces; it runs only with -soak.known-issues.
+	knownIssue string
 }
 
 // TestSoakFaults proves observed CA rotation under faults, running the real
@@ -71,6 +75,9 @@ func TestSoakFaults(t *testing.T) {
 }
 
 func runScenario(t *testing.T, sc scenario, cycles int, tot *totals) {
+	if sc.knownIssue != "" && !*knownIssues {
+		t.Skipf("known issue, run with -soak.known-issues: %s", sc.knownIssue)
+	}
 	p := defaultParams()
 	if sc.params != nil {
 		sc.params(&p)
@@ -232,7 +239,11 @@ func faultScenarios() []scenario {
 			w.toPromoted()
 		}},
 
-		{name: "crash-mid-rotation", cycle: crashCycle},
+		{name: "crash-mid-rotation", cycle: crashCycle(withoutPublisher, "")},
+		{name: "crash-publisher-replica", cycle: crashCycle(publisherPod, "publish"),
+			knownIssue: "the successor signs once the crashed publisher replica's Lease expires, although the webhook's caBundle never got it"},
+		{name: "crash-publisher-replica-publishers-everywhere", params: func(p *params) { p.publisherOnAll = true },
+			cycle: crashCycle(publisherPod, "publish")},
 
 		{name: "file-faults", cycle: fileFaultCycle},
 
@@ -266,14 +277,18 @@ func apiFaultScenario(name string, fault func() *apiFault) scenario {
 			st, _ := w.caState()
 			at = st.nextSince.Add(w.p.pd)
 		}
-		w.runTo(at.Add(-2 * time.Minute))
+		w.runTo(at.Add(-time.Minute))
 		f := fault()
 		w.api.fault.Store(f)
-		// Retry by retry, to see the backoff; then coarse steps for the
-		// rest of a half-day outage.
-		const stretch = 3 * time.Minute
-		calls := w.fine(stretch, 5*time.Second, time.Minute)
-		w.assertBackoff(f, calls, stretch)
+		// Retry by retry: the backoff's ramp, then its steady state, whose
+		// rate per loop is bounded; then coarse steps for the rest of a
+		// half-day outage.
+		const ramp, steady = 90 * time.Second, 3 * time.Minute
+		before := w.api.calls.Load()
+		w.fine(ramp, 5*time.Second, time.Minute)
+		mid := w.podCounts()
+		w.fine(steady, 5*time.Second, time.Minute)
+		w.assertBackoff(f, mid, w.podCounts(), steady, w.api.calls.Load()-before, ramp+steady)
 		w.runFor(w.p.step)
 		require.Positive(w.t, w.api.faultHits.Load(), "the fault was hit")
 		w.api.fault.Store(nil)
@@ -282,32 +297,53 @@ func apiFaultScenario(name string, fault func() *apiFault) scenario {
 	}}
 }
 
-// assertBackoff checks that a fault stretch of d did not make the loops
-// retry faster than their backoff allows: exponential from 0.8 s, capped at
-// 30 s (a 429 waits at least its Retry-After), for each replica's
-// reconcile loop (and lease, with observed rotation) and the publisher.
-func (w *world) assertBackoff(f *apiFault, calls int64, d time.Duration) {
-	loops := len(w.live()) + 1
-	if observedAPI {
-		loops += len(w.live()) // lease renewals
+// podCounts returns each live pod's requests so far, by "verb resource".
+func (w *world) podCounts() map[string]map[string]int64 {
+	out := map[string]map[string]int64{}
+	for _, p := range w.live() {
+		out[p.name] = p.client.snapshot()
 	}
-	perAttempt := 3 // a read, a write, a lease or event
-	if f.name == "conflict" {
-		perAttempt = 10 // five read-and-write attempts before backing off
-	}
+	return out
+}
+
+// assertBackoff checks that, once past its ramp, no loop retried during a
+// fault faster than its backoff allows: capped at 30 s (a 429 waits at
+// least its Retry-After), so at most steady/30s+1 attempts of each pod's
+// Secret loop, Lease loop and publisher in the steady window, each
+// attempt a read and a write (the Secret loop re-reads and retries a
+// conflict five times before it backs off).
+func (w *world) assertBackoff(f *apiFault, from, to map[string]map[string]int64, steady time.Duration, total int64, stretch time.Duration) {
 	minInterval := 30 * time.Second
 	if f.name == "429" {
 		minInterval = retryAfter
 	}
-	const ramp = 8 // attempts before the backoff reaches its cap
-	bound := int64(loops * perAttempt * (ramp + int(d/minInterval)))
-	perMin := float64(calls) / d.Minutes()
+	attempts := int64(steady/minInterval) + 1
+	perMin := float64(total) / stretch.Minutes()
 	w.rep.peakPerMin = max(w.rep.peakPerMin, perMin)
-	w.t.Logf("%s: %d requests in %v of %s faults (%.1f per simulated minute; backoff bound %d)", w.name, calls, d, f.name, perMin, bound)
-	if calls > bound {
-		w.t.Errorf("%s: %d requests in %v of %s faults (%.1f/min) exceed what the backoff allows (%d): a hot loop\nrequests: %s",
-			w.name, calls, d, f.name, perMin, bound, w.api.verbs())
+	var worst string
+	var worstRate float64
+	for pod, counts := range to {
+		for _, resource := range []string{"secrets", "leases", webhooksResource} {
+			var n int64
+			for _, verb := range []string{"get", "create", "update", "patch", "apply", "delete"} {
+				key := verb + " " + resource
+				n += counts[key] - from[pod][key]
+			}
+			perAttempt := int64(2)
+			if resource == "secrets" && f.name == "conflict" {
+				perAttempt = 10
+			}
+			if rate := float64(n) / steady.Minutes(); rate > worstRate {
+				worst, worstRate = pod+" "+resource, rate
+			}
+			if bound := attempts * perAttempt; n > bound {
+				w.t.Errorf("%s: %s made %d %s requests in %v of steady %s faults (%.1f/min); the backoff allows %d: a hot loop",
+					w.name, pod, n, resource, steady, f.name, float64(n)/steady.Minutes(), bound)
+			}
+		}
 	}
+	w.t.Logf("%s: %d requests in %v of %s faults (%.1f per simulated minute); busiest loop past the ramp: %s, %.1f/min",
+		w.name, total, stretch, f.name, perMin, worst, worstRate)
 }
 
 // competingWriterCycle lets another writer rewrite the webhook's caBundle
@@ -368,36 +404,61 @@ func contestedCount(w *world) float64 {
 	return certmetricstest.Value(w.t, "evercert_cabundle_publish_total", map[string]string{"kind": "ValidatingWebhookConfiguration", "result": "contested"})
 }
 
-// crashCycle crashes a replica right after it committed a rotation write
-// (the promotion in even cycles, the publication in odd ones) and restarts
-// it later: after 6 h (before its lease expires) or after 2 days.
-func crashCycle(w *world, c int) {
-	kind, restartAfter := "promote", 6*time.Hour
-	if c%2 == 1 {
-		kind, restartAfter = "publish", 2*day
-	}
-	for _, p := range w.live() {
-		p.crashOn.Store(&kind)
-	}
-	var crashed *pod
-	w.runUntil("a replica crashing on its "+kind+" write", 2*w.p.ca, func() bool {
-		for _, p := range w.all {
-			if p.crashed.Load() && p.down && !p.reported {
-				p.reported, crashed = true, p
-				return true
+// crashCycle returns a cycle that crashes one of the pods victims picks
+// right after it committed a rotation write (the promotion in even cycles,
+// the publication in odd ones; always kind, if set) and restarts it later:
+// 6 h later (before its Lease expires) after a promotion, 2 days later
+// after a publication. The other pods' Secret writes fail with conflicts
+// meanwhile, so that a victim makes the write.
+func crashCycle(victims func(w *world) []*pod, kind string) func(w *world, c int) {
+	return func(w *world, c int) {
+		k, restartAfter := "promote", 6*time.Hour
+		if kind == "publish" || (kind == "" && c%2 == 1) {
+			k, restartAfter = "publish", 2*day
+		}
+		armed := victims(w)
+		for _, p := range w.live() {
+			if slices.Contains(armed, p) {
+				p.crashOn.Store(&k)
+			} else {
+				p.client.blockSecretWrites.Store(true)
 			}
 		}
-		return false
-	})
-	for _, p := range w.live() {
-		p.crashOn.Store(nil)
+		var crashed *pod
+		w.runUntil("a replica crashing on its "+k+" write", w.p.ca, func() bool {
+			for _, p := range armed {
+				if p.down && !p.reported {
+					p.reported, crashed = true, p
+					return true
+				}
+			}
+			return false
+		})
+		for _, p := range w.live() {
+			p.crashOn.Store(nil)
+			p.client.blockSecretWrites.Store(false)
+		}
+		w.t.Logf("%s: %s crashed after its %s write at %s; restarting in %v", w.name, crashed.name, k, w.simTime(), restartAfter)
+		w.runFor(restartAfter)
+		w.act(func() { w.startPod(crashed.idx) })
+		w.toPublished()
+		w.toPromoted()
 	}
-	w.t.Logf("%s: %s crashed after its %s write at %s; restarting in %v", w.name, crashed.name, kind, w.simTime(), restartAfter)
-	w.runFor(restartAfter)
-	w.act(func() { w.startPod(crashed.idx) })
-	w.toPublished()
-	w.toPromoted()
 }
+
+// withoutPublisher picks the pods that do not run a caBundle publisher.
+func withoutPublisher(w *world) []*pod {
+	var out []*pod
+	for _, p := range w.live() {
+		if p.pub == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// publisherPod picks pod 0, which runs a caBundle publisher.
+func publisherPod(w *world) []*pod { return []*pod{w.pods[0]} }
 
 // fileFaultCycle damages the watched pair in each way a volume can be
 // damaged, one after the other; the file providers must keep serving the
@@ -490,10 +551,8 @@ func (w *world) act(f func()) {
 	w.t.Helper()
 	f()
 	w.settle()
-	if len(w.reapCrashed()) > 0 {
-		w.settle()
-	}
 	w.pollBundles()
+	w.watchRotation()
 	w.check()
 }
 
@@ -527,8 +586,10 @@ func (w *world) assertConverged() {
 		assert.NoError(t, p.auth.LastError(), "%s", p.name)
 	}
 	assert.Equal(t, string(bundle), string(w.webhookBundle()), "the webhook configuration holds the bundle")
-	if p := w.pods[0]; p != nil && p.pub != nil {
-		assert.NoError(t, publisherHealth(p.pub), "publisher health")
+	for _, p := range w.live() {
+		if p.pub != nil {
+			assert.NoError(t, publisherHealth(p.pub), "%s: publisher health", p.name)
+		}
 	}
 	if observedAPI {
 		for _, p := range w.live() {

@@ -39,6 +39,7 @@ var (
 	cyclesFlag    = flag.Int("soak.cycles", 0, "fault cycles per TestSoakFaults scenario (one cycle is about one CA lifetime); 0 derives them from -soak.years")
 	settleTimeout = flag.Duration("soak.settle-timeout", 60*time.Second, "real time every loop gets to wait on the clock again after a step")
 	quietWindow   = flag.Duration("soak.quiet", 5*time.Millisecond, "real time without any activity that counts as settled")
+	knownIssues   = flag.Bool("soak.known-issues", false, "also run the TestSoakFaults scenarios that reproduce known failures of the implementation")
 )
 
 const (
@@ -70,6 +71,10 @@ type params struct {
 	// bundleAge is how old a bundle a client may hold; default pd. Only the
 	// negative controls change it.
 	bundleAge time.Duration
+	// publisherOnAll runs a caBundle publisher, observing its replica's
+	// rotation, in every pod (as example/webhook does) instead of pod 0
+	// only.
+	publisherOnAll bool
 	// noObserver leaves the publisher out of the rotation's observers
 	// (negative control).
 	noObserver bool
@@ -130,6 +135,9 @@ type world struct {
 	// control marks a negative control: failures are expected and
 	// counted, not reported.
 	control bool
+	// The Secret's rotation state at the last step, for watchRotation.
+	lastSigning, lastNext *x509.Certificate
+	lastNextSince         time.Time
 }
 
 // pod is one replica process: its providers, controller, server and
@@ -289,7 +297,7 @@ func (w *world) startPod(idx int) *pod {
 		sni.WithClock(p.view), sni.WithName(p.provider("sni")))
 	p.ctrl.AddListener(activityListener{&w.activity})
 
-	if idx == 0 {
+	if idx == 0 || w.p.publisherOnAll {
 		p.pub, err = newPublisher(cabundle.Config{
 			Source:     p.auth,
 			Targets:    []cabundle.Target{{Kind: cabundle.ValidatingWebhookConfiguration, Name: webhookName}},
@@ -536,7 +544,7 @@ func (w *world) notSettled() string {
 		if leaf == nil {
 			return p.name + ": authority has no leaf yet"
 		}
-		if !faulty && secret != nil && p.auth.LastError() == nil && !bytes.Equal(p.auth.CurrentCABundleContent(), secret.Data[dynamiccert.SecretCAKey]) {
+		if !faulty && !p.client.blockSecretWrites.Load() && secret != nil && p.auth.LastError() == nil && !bytes.Equal(p.auth.CurrentCABundleContent(), secret.Data[dynamiccert.SecretCAKey]) {
 			return p.name + ": authority bundle differs from the Secret's"
 		}
 		if fc := p.file.Current(); !w.fileBad && (fc == nil || !fc.Leaf.Equal(w.fileCur.Cert)) {
@@ -581,6 +589,7 @@ func (w *world) advance(d time.Duration) {
 	}
 	w.api.cs.ClearActions() // the fake clientset records every request
 	w.pollBundles()
+	w.watchRotation()
 	w.rep.steps++
 	w.check()
 }
@@ -689,6 +698,28 @@ func (w *world) toPromoted() {
 		return st.signing != nil && st.signing.Equal(successor)
 	})
 }
+
+// watchRotation logs every change of the Secret's signing CA: a promotion
+// (after how long), or a CA that signs without having been published.
+func (w *world) watchRotation() {
+	st, ok := w.caState()
+	if !ok {
+		return
+	}
+	if w.lastSigning != nil && !st.signing.Equal(w.lastSigning) {
+		if w.lastNext != nil && st.signing.Equal(w.lastNext) {
+			waited := w.now().Sub(w.lastNextSince)
+			w.rep.maxPromotionWait = max(w.rep.maxPromotionWait, waited)
+			w.t.Logf("%s at %s: successor %s published at %s signs after %s", w.name, w.simTime(), serialOf(st.signing),
+				w.lastNextSince.Format(time.RFC3339), formatDuration(waited))
+		} else {
+			w.t.Logf("%s at %s: CA %s signs, never published as a successor before", w.name, w.simTime(), serialOf(st.signing))
+		}
+	}
+	w.lastSigning, w.lastNext, w.lastNextSince = st.signing, st.next, st.nextSince
+}
+
+func serialOf(c *x509.Certificate) string { return c.SerialNumber.Text(16)[:8] }
 
 // webhookBundle is the caBundle the ValidatingWebhookConfiguration holds now.
 func (w *world) webhookBundle() []byte {

@@ -42,6 +42,7 @@ type scenarioReport struct {
 	// peakPerMin is the highest request rate of a fault stretch, per
 	// simulated minute.
 	peakPerMin       float64
+	maxPromotionWait time.Duration // longest a successor waited to sign
 	goroutinesBefore int
 	heapBefore       int
 }
@@ -85,10 +86,11 @@ func (w *world) finish(tot *totals) {
 	}
 	simulated := w.now().Sub(w.start)
 	calls := w.api.calls.Load()
-	t.Logf("soak report fault/%s: simulated %s in %d steps (paused %s), rotations %.0f, handshakes %d, API calls %d (%.1f/simulated day; peak %.1f/min in fault stretches), unsafe rotations %.0f, failures %d (expected: %d after unsafe rotations, %d in the negative control), events %s, goroutines %d -> %d, heap in use %d KiB -> %d KiB",
-		w.name, formatDuration(simulated), r.steps, formatDuration(r.paused), rotations, r.handshakes.Load(), calls,
+	t.Logf("soak report fault/%s: simulated %s in %d steps (paused %s), rotations %.0f (longest wait of a successor %s), handshakes %d, API calls %d (%.1f/simulated day; peak %.1f/min in fault stretches), unsafe rotations %.0f, failures %d (expected: %d after unsafe rotations, %d in the negative control), events %s, goroutines %d -> %d, heap in use %d KiB -> %d KiB",
+		w.name, formatDuration(simulated), r.steps, formatDuration(r.paused), rotations, formatDuration(r.maxPromotionWait), r.handshakes.Load(), calls,
 		float64(calls)/(simulated.Hours()/24), r.peakPerMin, unsafe, r.failures.Load(), r.expectedFailures.Load(), r.controlFailures.Load(), w.events,
 		r.goroutinesBefore, g, r.heapBefore, heap)
+	t.Logf("%s: API calls by verb: %s", w.name, w.api.verbs())
 	assert.LessOrEqual(t, g, r.goroutinesBefore+5, "goroutines must come back after the scenario")
 	assert.Less(t, heap, r.heapBefore+64*1024, "heap must come back after the scenario")
 	if tot != nil {
