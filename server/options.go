@@ -1,16 +1,20 @@
 package server
 
 import (
+	"crypto/fips140"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
 	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/dynamiccert"
@@ -19,15 +23,17 @@ import (
 
 // DefaultCipherSuites are the TLS 1.2 suites offered by default: ECDHE key
 // exchange with an AEAD cipher only. TLS 1.3 suites are not configurable in
-// Go and are always offered.
-var DefaultCipherSuites = []string{
+// Go and are always offered. In FIPS 140-3 mode (GODEBUG=fips140=on or
+// only) the ChaCha20-Poly1305 suites, which are not approved, are left out,
+// so the default works there and an explicit ChaCha20 suite is refused.
+var DefaultCipherSuites = fipsFilter([]string{
 	"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
 	"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
 	"TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
 	"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
 	"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
 	"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
-}
+})
 
 // Options are the secure-serving settings of an evercert server. Flag names
 // and syntax follow kube-apiserver's. The zero value is not usable; start
@@ -229,7 +235,7 @@ func (o *Options) Validate() []error {
 	if o.CABundleFile != "" && !o.usesSelfSigned() && o.CASecret == "" {
 		errs = append(errs, errors.New("--ca-bundle-file: the serving certificate has no CA evercert knows; use it with the self-signed default or --ca-secret"))
 	}
-	return errs
+	return append(errs, o.validateFIPS()...)
 }
 
 // usesSelfSigned reports whether no certificate source was given, so the
@@ -278,7 +284,8 @@ func checkHTTP2CipherSuites(minVersion uint16, suites []uint16) error {
 // Validate refuses every suite of tls.InsecureCipherSuites (RC4, 3DES, CBC
 // with SHA-256, RSA key exchange), so those are not offered. The names of
 // TLS 1.3 suites are accepted for compatibility with kube-apiserver but
-// ignored, as crypto/tls does not make them configurable.
+// ignored, as crypto/tls does not make them configurable. In FIPS 140-3 mode
+// only the approved suites are listed.
 func acceptedCipherSuites() []string {
 	var names []string
 	for _, s := range tls.CipherSuites() {
@@ -287,7 +294,7 @@ func acceptedCipherSuites() []string {
 		}
 	}
 	slices.Sort(names)
-	return names
+	return fipsFilter(names)
 }
 
 func insecureSuites(ids []uint16) []string {
@@ -318,3 +325,99 @@ func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
 // scheduleFlags names the flags whose combination an issuer validates, for
 // its errors.
 const scheduleFlags = "--self-signed-validity, --self-signed-renew-before, --ca-validity, --ca-renew-before, --ca-propagation-delay, --clock-skew-tolerance"
+
+// fipsApprovedSuites are the suites evercert accepts in FIPS 140-3 mode:
+// those crypto/tls allows there (allowedCipherSuitesFIPS and
+// allowedCipherSuitesTLS13FIPS in crypto/tls/defaults_fips140.go, Go 1.26)
+// minus the CBC suites tls.InsecureCipherSuites lists. test/fips checks them
+// against crypto/tls under GODEBUG=fips140=only.
+var fipsApprovedSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_AES_128_GCM_SHA256,
+	tls.TLS_AES_256_GCM_SHA384,
+}
+
+// fipsFilter drops the suite names that are not approved in FIPS 140-3
+// mode; outside it, names are returned as they are.
+func fipsFilter(names []string) []string {
+	if !fips140.Enabled() {
+		return names
+	}
+	return slices.DeleteFunc(names, func(name string) bool {
+		return !slices.ContainsFunc(fipsApprovedSuites, func(id uint16) bool { return tls.CipherSuiteName(id) == name })
+	})
+}
+
+var logFIPSOnce sync.Once
+
+// validateFIPS refuses, in FIPS 140-3 mode (crypto/fips140.Enabled: the
+// GODEBUG fips140=on or only, which is the default of a GOFIPS140 build),
+// what Go's FIPS 140-3 module would refuse in handshakes later: TLS below
+// 1.2, suites that are not approved (ChaCha20-Poly1305, CBC), and
+// certificates or client CAs whose keys are not approved (pki.CheckFIPS*).
+// Files are read once, here; one that cannot be read or parsed is left to
+// its loader, which reports it. Content that changes later (a rewritten
+// file, --tls-secret, --ca-secret) is not checked: crypto/tls refuses it at
+// handshake time. It logs the mode once.
+func (o *Options) validateFIPS() []error {
+	if !fips140.Enabled() {
+		return nil
+	}
+	mode := "fips140=on"
+	if fips140.Enforced() {
+		mode = "fips140=only"
+	}
+	logFIPSOnce.Do(func() {
+		klog.InfoS("FIPS 140-3 mode: only approved TLS versions, suites, groups and keys are used", "godebug", mode, "module", fips140.Version())
+	})
+	notApproved := fmt.Sprintf("not approved in FIPS 140-3 mode (GODEBUG=%s)", mode)
+	var errs []error
+	if v, err := cliflag.TLSVersion(o.MinTLSVersion); err == nil && v < tls.VersionTLS12 {
+		errs = append(errs, fmt.Errorf("--tls-min-version: %s is %s; use VersionTLS12 or VersionTLS13", o.MinTLSVersion, notApproved))
+	}
+	if ids, err := cliflag.TLSCipherSuites(o.CipherSuites); err == nil {
+		var bad []string
+		for _, id := range ids {
+			if !slices.Contains(fipsApprovedSuites, id) && len(insecureSuites([]uint16{id})) == 0 {
+				bad = append(bad, tls.CipherSuiteName(id))
+			}
+		}
+		if len(bad) > 0 {
+			errs = append(errs, fmt.Errorf("--tls-cipher-suites: %s %s; approved: %s", strings.Join(bad, ", "), notApproved, strings.Join(acceptedCipherSuites(), ", ")))
+		}
+	}
+	checkPair := func(flag, certFile, keyFile string) {
+		certPEM, err := os.ReadFile(certFile)
+		if err != nil {
+			return
+		}
+		keyPEM, err := os.ReadFile(keyFile)
+		if err != nil {
+			return
+		}
+		if pair, err := tls.X509KeyPair(certPEM, keyPEM); err == nil {
+			if err := pki.CheckFIPSKeyPair(pair); err != nil {
+				errs = append(errs, fmt.Errorf("%s %s: %w (GODEBUG=%s)", flag, certFile, err, mode))
+			}
+		}
+	}
+	if o.CertFile != "" {
+		checkPair("--tls-cert-file", o.CertFile, o.KeyFile)
+	}
+	for i, nck := range o.SNICertKeys {
+		checkPair(fmt.Sprintf("--tls-sni-cert-key[%d]", i), nck.CertFile, nck.KeyFile)
+	}
+	if o.ClientCAFile != "" {
+		if bundle, err := os.ReadFile(o.ClientCAFile); err == nil {
+			if cas, err := pki.ParseCABundle(bundle); err == nil {
+				if err := pki.CheckFIPSCertificates(cas); err != nil {
+					errs = append(errs, fmt.Errorf("--client-ca-file %s: %w (GODEBUG=%s): client certificates it signed can never be verified", o.ClientCAFile, err, mode))
+				}
+			}
+		}
+	}
+	return errs
+}
