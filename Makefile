@@ -8,15 +8,15 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-fips soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
 build:
 	$(GO) build ./...
 
-## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak).
-test: test-unit test-alloc test-e2e soak-short
+## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak, FIPS 140-3 mode).
+test: test-unit test-alloc test-fips test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan).
 deps:
@@ -34,6 +34,18 @@ test-alloc:
 	@mkdir -p $(CURDIR)/tmp
 	$(GO) test -count=1 -v -run '$(ALLOC_TESTS)' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
 	@grep -E '^--- PASS: TestLookupDoesNotAllocate' $(CURDIR)/tmp/alloc.log || { echo 'test-alloc: TestLookupDoesNotAllocate did not run'; cat $(CURDIR)/tmp/alloc.log; exit 1; }
+
+## test-fips: FIPS 140-3 mode (test/fips, build tag fips): builds
+## ./example/server with GOFIPS140=latest, runs it under GODEBUG=fips140=only
+## and checks it with sslscan, a Go client (mTLS included) and a signature
+## algorithm prober; start-up refusals; Options.Validate in child processes
+## under fips140=only, on and off. Fails if any of the tests did not run.
+FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
+test-fips: deps
+	@mkdir -p $(CURDIR)/tmp
+	$(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/ > $(CURDIR)/tmp/fips.log 2>&1 || { cat $(CURDIR)/tmp/fips.log; exit 1; }
+	@for t in $(FIPS_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/fips.log || { echo "test-fips: $$t did not run"; cat $(CURDIR)/tmp/fips.log; exit 1; }; done
+	@grep -E '^(--- |ok )' $(CURDIR)/tmp/fips.log
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.
