@@ -86,6 +86,11 @@ type replicaSet struct {
 	written announcement
 	wroteAt time.Time
 	seen    map[string]*seenLease // by Lease name
+	// awakeUntil is when the run loop, which wakes at least every third of
+	// the lease duration, is due to wake next; while it works, when it last
+	// woke. Time past it was not spent watching (a paused process, a clock
+	// that jumped): it does not count towards a Lease's expiry.
+	awakeUntil time.Time
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration time.Duration, clk clock.WithTicker) *replicaSet {
@@ -125,9 +130,15 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Woken from a pause before the run loop noticed it: renewals that
+	// happened meanwhile have not been seen yet.
+	var unseen time.Duration
+	if !r.awakeUntil.IsZero() {
+		unseen = max(0, now.Sub(r.awakeUntil))
+	}
 	var out []string
 	for _, l := range r.seen {
-		if now.Before(l.observedAt.Add(l.duration)) && !slices.Contains(l.trusted, fp) {
+		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) {
 			out = append(out, "replica/"+l.holder)
 		}
 	}
@@ -137,6 +148,7 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 
 // run watches the Leases and writes this replica's until ctx is done.
 func (r *replicaSet) run(ctx context.Context, kick func()) {
+	r.woke()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { r.watch(ctx, kick) })
@@ -155,6 +167,9 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 			retry.Reset()
 		}
 		t := r.clock.NewTimer(wait)
+		r.mu.Lock()
+		r.awakeUntil = r.clock.Now().Add(wait)
+		r.mu.Unlock()
 		change := r.wantChange
 		if err != nil {
 			change = nil // back off even if the announcement changes
@@ -167,7 +182,25 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 			t.Stop()
 		case <-t.C():
 		}
+		r.woke()
 	}
+}
+
+// woke records that the run loop is awake. If it woke late, this process
+// was paused (or its clock jumped) for that long and saw no renewals
+// meanwhile: that time does not count towards any Lease's expiry, so a
+// replica that kept renewing is not taken for dead before its renewals
+// arrive.
+func (r *replicaSet) woke() {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if late := now.Sub(r.awakeUntil); late > 0 && !r.awakeUntil.IsZero() {
+		for _, l := range r.seen {
+			l.observedAt = earliest(l.observedAt.Add(late), now)
+		}
+	}
+	r.awakeUntil = now
 }
 
 // writeIfDue writes the Lease when the announcement changed or a renewal

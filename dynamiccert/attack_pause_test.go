@@ -1,0 +1,121 @@
+package dynamiccert
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+)
+
+// waitWaiters waits until n loops sleep on the fake clock.
+func waitWaiters(t *testing.T, clk *clocktesting.FakeClock, n int) {
+	t.Helper()
+	waitFor(t, "the loops to wait on the clock", func() bool { return clk.Waiters() >= n })
+}
+
+// fakeReplica is another replica's Lease, renewed by hand: alive, but it
+// never confirms a successor.
+type fakeReplica struct {
+	t      *testing.T
+	client *fake.Clientset
+	clk    *clocktesting.FakeClock
+	name   string
+	n      int
+}
+
+func newFakeReplica(t *testing.T, client *fake.Clientset, clk *clocktesting.FakeClock, id string, seconds int32) *fakeReplica {
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "ca-" + id, Namespace: "ns", Labels: map[string]string{AuthorityLeaseLabel: "ca"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(id), LeaseDurationSeconds: ptr.To(seconds)},
+	}
+	_, err := client.CoordinationV1().Leases("ns").Create(context.Background(), l, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return &fakeReplica{t: t, client: client, clk: clk, name: l.Name}
+}
+
+// renew renews the Lease and waits until a sees the renewal.
+func (f *fakeReplica) renew(a *Authority) {
+	f.t.Helper()
+	leases := f.client.CoordinationV1().Leases("ns")
+	l, err := leases.Get(context.Background(), f.name, metav1.GetOptions{})
+	require.NoError(f.t, err)
+	f.n++
+	l.Spec.RenewTime = &metav1.MicroTime{Time: f.clk.Now().Add(time.Duration(f.n))}
+	l, err = leases.Update(context.Background(), l, metav1.UpdateOptions{})
+	require.NoError(f.t, err)
+	waitFor(f.t, "the renewal to be seen", func() bool {
+		a.replicas.mu.Lock()
+		defer a.replicas.mu.Unlock()
+		s := a.replicas.seen[f.name]
+		return s != nil && bytes.HasPrefix([]byte(s.rv), []byte(l.ResourceVersion+"/"))
+	})
+}
+
+// TestAttackPausedProcessWaitsForLiveReplicas: a successor waits for a live
+// replica that has not confirmed it. Then this process is paused (a frozen
+// cgroup, SIGSTOP, a starved VM) for longer than the minimum delay. When it
+// wakes, its check runs before its watch delivers the renewals the other
+// replica made meanwhile: judged on the last renewal it saw, every other
+// replica looks dead, and the successor signed without the replica that
+// does not have it. Time this process did not watch must not count towards
+// a Lease's expiry.
+func TestAttackPausedProcessWaitsForLiveReplicas(t *testing.T) {
+	client := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(testNow)
+	a, err := NewAuthority(AuthorityConfig{
+		Name: "attack-pause", Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: "a",
+		Hosts: []string{"localhost"}, Lifetime: 10 * time.Minute, LeaseDuration: 20 * time.Second, Clock: clk,
+	})
+	require.NoError(t, err)
+	stuck := newFakeReplica(t, client, clk, "stuck", 20)
+	runInBackground(t, a.Run)
+	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	step := func(d time.Duration) {
+		stuck.renew(a)
+		clk.Step(d)
+		waitWaiters(t, clk, 2) // the issuer and the Lease loop
+	}
+	for a.Status().Successor == nil {
+		step(time.Minute)
+	}
+	succ := a.Status().Successor
+	for {
+		step(5 * time.Second)
+		st := a.Status()
+		require.NotNil(t, st.Successor)
+		if assert.ObjectsAreEqual([]string{"replica/stuck"}, st.Successor.Pending) {
+			break
+		}
+		require.True(t, clk.Now().Before(succ.SignsNoEarlierThan), "still pending at the end of the minimum delay: %v", st.Successor.Pending)
+	}
+
+	// The pause: longer than the minimum delay, with no renewal seen.
+	stuck.renew(a)
+	clk.Step(succ.SignsNoEarlierThan.Sub(clk.Now()) + time.Minute)
+	waitWaiters(t, clk, 2)
+	st := a.Status()
+	require.NotNil(t, st.Successor, "the successor signed at wake-up although a live replica does not have it")
+	assert.Equal(t, []string{"replica/stuck"}, st.Successor.Pending)
+
+	// The renewals arrive; the replica is still waited for while it renews.
+	for range 20 {
+		step(5 * time.Second)
+		require.NotNil(t, a.Status().Successor, "promoted while a live replica does not have the successor")
+	}
+	// It stops renewing: once its Lease expires it is not waited for.
+	waitFor(t, "promotion after the stuck replica's lease expired", func() bool {
+		clk.Step(5 * time.Second)
+		waitWaiters(t, clk, 2)
+		return a.Status().Successor == nil
+	})
+	assert.Equal(t, succ.Serial, a.Status().Signing.Serial)
+	assert.Zero(t, a.Status().UnsafeRotations)
+}
