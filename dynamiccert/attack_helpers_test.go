@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -88,6 +89,22 @@ func agree(client *fake.Clientset, replicas []*Authority) bool {
 		}
 	}
 	return true
+}
+
+// attackAuthority is an Authority for localhost with a one-hour leaf and
+// no replica Leases, changed by mutate.
+func attackAuthority(t *testing.T, client *fake.Clientset, clk clock.WithTicker, name string, mutate func(*AuthorityConfig)) *Authority {
+	t.Helper()
+	cfg := AuthorityConfig{
+		Name: name, Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: name,
+		Hosts: []string{"localhost"}, Lifetime: time.Hour, Clock: clk, DisableReplicaAnnouncements: true,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	a, err := NewAuthority(cfg)
+	require.NoError(t, err)
+	return a
 }
 
 // verifiesAt reports whether p's leaf chains to bundle at now.

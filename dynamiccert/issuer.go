@@ -208,9 +208,12 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	case err != nil && ctx.Err() != nil:
 		return 0, ctx.Err()
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		i.keepServing(now)
 		return 0, err // a busy Secret: retried with backoff, not a load error
 	case err != nil:
-		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+		err = i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+		i.keepServing(now)
+		return 0, err
 	}
 	if unsafe {
 		i.recordUnsafe(st, now)
@@ -262,6 +265,23 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 		i.notify()
 	}
 	return nil
+}
+
+// keepServing renews this process's leaf from the state last in force when
+// the store cannot be read or written (an API outage, RBAC, content it
+// cannot parse): the signing CA and its key are still here and still
+// trusted, so the serving certificate does not expire with the outage. The
+// schedule does not move: that needs the store.
+func (i *issuer) keepServing(now time.Time) {
+	i.mu.RLock()
+	st, ok := i.cas.clone(), i.hasState
+	i.mu.RUnlock()
+	if !ok || !i.sched.valid(st.signing.Cert, now) {
+		return
+	}
+	if err := i.adopt(&st, now); err != nil {
+		klog.ErrorS(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
+	}
 }
 
 // recordUnsafe reports a rotation in which a CA signed before it was

@@ -1,0 +1,97 @@
+package dynamiccert
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// TestAttackAPIOutageKeepsLeafFresh: the API server answers every read of
+// the CA Secret with a 500 for twice the leaf lifetime. The CA this replica
+// holds (with its key) stays valid throughout, so the served leaf must keep
+// being renewed from it: an API outage longer than a leaf lifetime must not
+// take the serving certificate down with it.
+func TestAttackAPIOutageKeepsLeafFresh(t *testing.T) {
+	client := fake.NewClientset()
+	gets := interceptSecrets(client, "get", nil)
+	clk := clocktesting.NewFakeClock(testNow)
+	a := attackAuthority(t, client, clk, "attack-outage", nil)
+	runInBackground(t, a.Run)
+	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	waitBlocked(t, clk)
+	bundle := a.CurrentCABundleContent()
+
+	gets.fail(apierrors.NewInternalError(errors.New("etcdserver: request timed out")))
+	for range 120 {
+		clk.Step(time.Minute)
+		waitBlocked(t, clk)
+		require.NoError(t, handshakeWith(t, a, bundle, clk.Now), "at %s, %s into the outage", clk.Now(), clk.Since(testNow))
+	}
+	require.Error(t, a.LastError(), "the outage is still reported")
+
+	gets.fail(nil)
+	waitFor(t, "recovery", func() bool {
+		clk.Step(time.Minute)
+		waitBlocked(t, clk)
+		return a.LastError() == nil
+	})
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, handshakeWith(t, a, s.Data[SecretCAKey], clk.Now))
+	assert.Zero(t, a.Status().UnsafeRotations)
+}
+
+// TestAttackGarbageSecretKeepsLeafFresh: a second writer puts garbage into
+// tls.crt and leaves it there. The Authority must not overwrite content it
+// cannot read (someone else's), and reports it; but the replica still holds
+// a valid CA, so its own leaf keeps being renewed meanwhile.
+func TestAttackGarbageSecretKeepsLeafFresh(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(data map[string][]byte, annotations map[string]string)
+	}{
+		{"garbage tls.crt", func(d map[string][]byte, _ map[string]string) { d["tls.crt"] = []byte("not a certificate") }},
+		{"garbage ca.crt", func(d map[string][]byte, _ map[string]string) {
+			d[SecretCAKey] = []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+		}},
+		{"next.crt without next.key", func(d map[string][]byte, _ map[string]string) { d[AuthorityNextCertKey] = d["tls.crt"] }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			clk := clocktesting.NewFakeClock(testNow)
+			a := attackAuthority(t, client, clk, "attack-garbage", nil)
+			runInBackground(t, a.Run)
+			waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+			waitBlocked(t, clk)
+			bundle := a.CurrentCABundleContent()
+
+			secrets := client.CoreV1().Secrets("ns")
+			s, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
+			require.NoError(t, err)
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			tc.mutate(s.Data, s.Annotations)
+			_, err = secrets.Update(context.Background(), s, metav1.UpdateOptions{})
+			require.NoError(t, err)
+			waitFor(t, "the garbage to be reported", func() bool { return a.LastError() != nil })
+			for range 120 {
+				clk.Step(time.Minute)
+				waitBlocked(t, clk)
+				require.NoError(t, handshakeWith(t, a, bundle, clk.Now), "%s after the garbage was written", clk.Since(testNow))
+			}
+			require.Error(t, a.LastError())
+			after, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, s.Data, after.Data, "content it cannot read is never overwritten")
+		})
+	}
+}
