@@ -335,6 +335,9 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 		if s.last != nil && s.last.next != nil && s.last.next.Cert.Equal(st.next.Cert) {
 			st.seenSince = s.last.seenSince
 		}
+		if st.nextSince.IsZero() {
+			st.nextSince = st.seenSince // publication time unknown
+		}
 	}
 	restored := s.restore(st, exists, now)
 	changed, err := decide(st)
@@ -443,9 +446,10 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
 			return nil, fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
-		if st.nextSince, err = time.Parse(time.RFC3339, s.Annotations[AuthorityNextSinceAnnotation]); err != nil {
-			return nil, fmt.Errorf("annotation %s: %w", AuthorityNextSinceAnnotation, err)
-		}
+		// The publication time is for status only (each replica measures
+		// the minimum delay on its own clock): a stripped or garbled
+		// annotation leaves it unknown, and must not stop the rotation.
+		st.nextSince, _ = time.Parse(time.RFC3339, s.Annotations[AuthorityNextSinceAnnotation])
 	}
 	if len(s.Data[SecretCAKey]) > 0 {
 		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
