@@ -47,7 +47,8 @@ type AuthorityConfig struct {
 	// RBAC: get, list, watch, update on the Secret (resourceNames can limit
 	// these), create on secrets in the namespace unless DisableCreate, and
 	// get, list, watch, create, update on leases.coordination.k8s.io in the
-	// namespace unless DisableReplicaAnnouncements.
+	// namespace unless DisableReplicaAnnouncements, and delete there to
+	// remove the Leases of replicas long gone (without it they stay).
 	Client kubernetes.Interface
 	// DisableCreate makes the Authority wait for a pre-created Secret
 	// instead of creating it. It says so once in the log, then waits quietly.

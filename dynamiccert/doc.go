@@ -40,7 +40,9 @@ package dynamiccert
 //     observers confirmed, the hash of its bundle and its leaf serial. A
 //     replica whose Lease has not been seen renewed for its lease duration
 //     is not waited for. Liveness is judged by when a renewal was seen on
-//     the observer's clock, never by the writer's timestamps.
+//     the observer's clock, never by the writer's timestamps, and time
+//     the observer itself was paused does not count. A Lease not renewed
+//     for ten lease durations is deleted by the replicas that remain.
 //  3. Retire. The old CA stays in every bundle until it expires.
 //
 // Status reports the phase: the signing CA, the Successor with the time it

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -61,6 +62,7 @@ type seenLease struct {
 	holder     string
 	trusted    []string
 	rv         string // resourceVersion and renewTime last seen
+	version    string // resourceVersion last seen
 	observedAt time.Time
 	duration   time.Duration
 }
@@ -91,6 +93,8 @@ type replicaSet struct {
 	// woke. Time past it was not spent watching (a paused process, a clock
 	// that jumped): it does not count towards a Lease's expiry.
 	awakeUntil time.Time
+	// collectForbidden stops collect after RBAC forbade a delete.
+	collectForbidden bool
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration time.Duration, clk clock.WithTicker) *replicaSet {
@@ -165,6 +169,7 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 		} else {
 			r.report.succeeded()
 			retry.Reset()
+			r.collect(ctx)
 		}
 		t := r.clock.NewTimer(wait)
 		r.mu.Lock()
@@ -201,6 +206,50 @@ func (r *replicaSet) woke() {
 		}
 	}
 	r.awakeUntil = now
+}
+
+// leaseGCAfter is how many of its lease durations a replica's Lease goes
+// unrenewed, as seen by this process, before this process deletes it.
+const leaseGCAfter = 10
+
+// collect deletes the Leases of replicas that are long gone. Every process
+// start announces itself under a new replica ID, so without this a
+// Deployment would leave one Lease per pod it ever ran. The delete is
+// conditional on the resourceVersion last seen, so a replica that renewed
+// meanwhile keeps its Lease; RBAC that forbids it is reported once and
+// leaves the Leases alone.
+func (r *replicaSet) collect(ctx context.Context) {
+	now := r.clock.Now()
+	type gone struct{ name, version string }
+	var dead []gone
+	r.mu.Lock()
+	if r.collectForbidden {
+		r.mu.Unlock()
+		return
+	}
+	for name, l := range r.seen {
+		if name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration)) {
+			dead = append(dead, gone{name, l.version})
+		}
+	}
+	r.mu.Unlock()
+	leases := r.client.CoordinationV1().Leases(r.namespace)
+	for _, d := range dead {
+		err := leases.Delete(ctx, d.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &d.version}})
+		switch {
+		case err == nil:
+			klog.V(2).InfoS("Deleted the Lease of a replica that is gone", "provider", r.report.name, "lease", klog.KRef(r.namespace, d.name))
+		case apierrors.IsForbidden(err):
+			r.mu.Lock()
+			r.collectForbidden = true
+			r.mu.Unlock()
+			klog.InfoS("Cannot delete the Leases of replicas that are gone (RBAC: allow delete on leases.coordination.k8s.io); they stay until removed",
+				"provider", r.report.name, "lease", klog.KRef(r.namespace, d.name))
+			return
+		}
+		// NotFound, Conflict (renewed meanwhile), transient errors: look
+		// again at the next renewal.
+	}
 }
 
 // writeIfDue writes the Lease when the announcement changed or a renewal
@@ -334,7 +383,7 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	if prev != nil && prev.rv == version {
 		return false
 	}
-	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, observedAt: now, duration: duration}
+	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration}
 	return prev == nil || !slices.Equal(prev.trusted, trusted)
 }
 
