@@ -1,0 +1,167 @@
+package dynamiccert
+
+import (
+	"context"
+	"crypto/x509"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// flappingObserver confirms and withdraws at random, notifying each time.
+type flappingObserver struct {
+	listeners
+	ok atomic.Bool
+}
+
+func (o *flappingObserver) Name() string                    { return "flapping" }
+func (o *flappingObserver) Observed(*x509.Certificate) bool { return o.ok.Load() }
+func (o *flappingObserver) flip() {
+	o.ok.Store(!o.ok.Load())
+	o.notify()
+}
+
+// hammer calls every read method of p, RunOnce and AddObserver from
+// several goroutines until stop is closed.
+func hammer(t *testing.T, p interface {
+	Status() RotationStatus
+	Leaf() *x509.Certificate
+	CurrentCertKeyContent() ([]byte, []byte)
+	CurrentCABundleContent() []byte
+	VerifyOptions() (x509.VerifyOptions, bool)
+	RenewAt() time.Time
+	LastError() error
+	RunOnce(context.Context) error
+	AddObserver(Observer)
+}, stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st := p.Status()
+				if st.Successor != nil {
+					_ = append(st.Successor.Pending, "mutating the copy is mine")
+				}
+				_ = p.Leaf()
+				cert, key := p.CurrentCertKeyContent()
+				if cert != nil && key == nil {
+					t.Error("a certificate without its key")
+				}
+				_ = p.CurrentCABundleContent()
+				_, _ = p.VerifyOptions()
+				_ = p.RenewAt()
+				_ = p.LastError()
+				_ = RotationCheck(p.(RotationReporter)).Check(nil)
+				if g == 0 && i%50 == 0 {
+					_ = p.RunOnce(context.Background())
+				}
+				if g == 1 && i == 10 {
+					p.AddObserver(&testObserver{}) // pending until the end: never confirms
+				}
+				runtime.Gosched()
+			}
+		})
+	}
+	return &wg
+}
+
+// TestAttackConcurrentReadersAndOrder runs SelfSigned and a two-replica
+// Authority through several CA lifetimes on real Run loops while other
+// goroutines read everything, call RunOnce and add observers, and an
+// observer flaps. With -race, nothing may race; Run must return after its
+// context ends and leave no goroutine behind.
+func TestAttackConcurrentReadersAndOrder(t *testing.T) {
+	runtime.GC()
+	baseline := runtime.NumGoroutine()
+	func() {
+		clk := clocktesting.NewFakeClock(testNow)
+		flap := &flappingObserver{}
+		ss, err := NewSelfSigned(SelfSignedConfig{Name: "attack-concurrent-ss", Lifetime: time.Hour, Clock: clk, Observers: []Observer{flap}})
+		require.NoError(t, err)
+		client := fake.NewClientset()
+		mk := func(id string) *Authority {
+			a, err := NewAuthority(AuthorityConfig{
+				Name: "attack-concurrent-" + id, Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: id,
+				Hosts: []string{"localhost"}, Lifetime: time.Hour, Clock: clk, LeaseDuration: 15 * time.Second,
+				Observers: []Observer{flap},
+			})
+			require.NoError(t, err)
+			return a
+		}
+		a, b := mk("a"), mk("b")
+		// Status and RunOnce before Run: the order is part of the attack.
+		assert.Zero(t, a.Status().Signing.Serial)
+		require.NoError(t, RotationCheck(a).Check(nil))
+		require.NoError(t, a.RunOnce(context.Background()))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		var runs sync.WaitGroup
+		for _, run := range []func(context.Context, int){ss.Run, a.Run, b.Run, b.Run} { // b twice
+			runs.Go(func() { run(ctx, 1) })
+		}
+		stop := make(chan struct{})
+		readers := []*sync.WaitGroup{hammer(t, ss, stop), hammer(t, a, stop), hammer(t, b, stop)}
+		var flapper sync.WaitGroup
+		flapper.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					flap.flip()
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+		})
+		end := testNow.Add(3 * 8 * time.Hour) // three CA lifetimes
+		for clk.Now().Before(end) {
+			clk.Step(5 * time.Minute)
+			time.Sleep(200 * time.Microsecond) // let the loops and readers interleave; nothing is asserted on it
+		}
+		close(stop)
+		flapper.Wait()
+		for _, r := range readers {
+			r.Wait()
+		}
+		for _, p := range []interface {
+			Leaf() *x509.Certificate
+			CurrentCABundleContent() []byte
+		}{ss, a, b} {
+			waitFor(t, "a valid leaf at the end", func() bool {
+				l := p.Leaf()
+				return l != nil && verifiesAt(t, l, p.CurrentCABundleContent(), clk.Now()) == nil
+			})
+		}
+		cancel()
+		waitFor(t, "every Run to return", func() bool {
+			done := make(chan struct{})
+			go func() { runs.Wait(); close(done) }()
+			select {
+			case <-done:
+				return true
+			case <-time.After(time.Second):
+				return false
+			}
+		})
+	}()
+	deadline := time.Now().Add(guard)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > baseline {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("goroutines: baseline %d, now %d:\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
+	}
+}
