@@ -66,8 +66,8 @@ func TestSoakFaults(t *testing.T) {
 			break
 		}
 	}
-	t.Logf("soak report faults: %d scenarios x %d cycles, simulated %s (%.1f years), rotations %.0f, handshakes %d, API calls %d, unsafe rotations %.0f, failures %d",
-		len(scenarios), cycles, formatDuration(tot.simulated), tot.simulated.Hours()/24/365, tot.rotations, tot.handshakes, tot.calls, tot.unsafe, tot.failures)
+	t.Logf("soak report faults: %d scenarios x %d cycles, simulated %s (%.1f years), rotations %.0f, handshakes %d, API calls %d, unsafe rotations %.0f, hot loops %d, failures %d",
+		len(scenarios), cycles, formatDuration(tot.simulated), tot.simulated.Hours()/24/365, tot.rotations, tot.handshakes, tot.calls, tot.unsafe, tot.hotLoops, tot.failures)
 	if *years >= 10 && *cyclesFlag == 0 {
 		assert.GreaterOrEqual(t, tot.simulated, time.Duration(*years)*365*day, "simulated time of the long form")
 		assert.GreaterOrEqual(t, tot.rotations, 10000.0, "rotations of the long form")
@@ -135,7 +135,7 @@ func faultScenarios() []scenario {
 		{name: "pause-0.9-ca-after-publication", cycle: func(w *world, _ int) {
 			// The signing CA expires during the pause; the successor,
 			// published and observed before it, is still valid.
-			w.toPublished()
+			w.toAllPublished()
 			w.pause(w.p.ca * 9 / 10)
 			w.toPublished()
 			w.toPromoted()
@@ -144,8 +144,8 @@ func faultScenarios() []scenario {
 			// The signing CA is still valid after the pause, for less than
 			// a leaf lifetime: it must keep signing (capped leaves) until
 			// a successor published after the pause may sign.
-			w.toPublished()
-			w.toPromoted()
+			w.toAllPublished()
+			w.toAllPromoted()
 			w.pause(w.p.ca * 9 / 10)
 			w.toPublished()
 			w.toPromoted()
@@ -292,6 +292,7 @@ func apiFaultScenario(name string, fault func() *apiFault) scenario {
 		w.runFor(w.p.step)
 		require.Positive(w.t, w.api.faultHits.Load(), "the fault was hit")
 		w.api.fault.Store(nil)
+		w.advance(time.Minute) // the backoffs end
 		w.toPublished()
 		w.toPromoted()
 	}}
@@ -397,6 +398,7 @@ func webhookUnwritableCycle(w *world, _ int) {
 		assert.Positive(w.t, pendingObservers(w.t, p.auth.Name()), "evercert_ca_rotation_pending_observers")
 	}
 	w.api.fault.Store(nil)
+	w.advance(time.Minute) // the backoffs end
 	w.toPromoted()
 }
 

@@ -495,6 +495,7 @@ func (w *world) settle() {
 	w.t.Helper()
 	began := time.Now()
 	deadline := began.Add(*settleTimeout)
+	zeroSteps, spinning, calls0 := 0, false, w.api.calls.Load()
 	var quietSince time.Time
 	last := int64(-1)
 	lastWhy := ""
@@ -507,6 +508,20 @@ func (w *world) settle() {
 		w.reapCrashed()
 		act := w.activityCount()
 		why := w.notSettled()
+		if why == "" && !spinning && w.sim.due() {
+			// A loop waits on a timer that is due now (a zero or negative
+			// wait): a real clock fires it at once, so does a zero step.
+			// A loop that keeps doing so spins at API latency on a real
+			// clock: a hot loop.
+			if zeroSteps++; zeroSteps > maxZeroSteps {
+				spinning = true
+				w.hotLoop(calls0)
+			} else {
+				w.sim.step(0)
+				quietSince, last = time.Time{}, -1
+				continue
+			}
+		}
 		if why != "" {
 			lastWhy = why
 		} else if act != last {
@@ -526,6 +541,34 @@ func (w *world) settle() {
 				*settleTimeout, why, w.sim.describe(), w.api.verbs())
 		}
 		time.Sleep(500 * time.Microsecond)
+	}
+}
+
+// maxZeroSteps is how many due timers in a row one settle fires before it
+// calls the loops that re-arm them a hot loop.
+const maxZeroSteps = 100
+
+// hotLoop records loops that re-armed due timers maxZeroSteps times
+// within one instant, and lets them wait for the next step instead.
+func (w *world) hotLoop(calls0 int64) {
+	what := w.sim.dueOwners()
+	detail := ""
+	if st, ok := w.caState(); ok && st.next != nil {
+		detail = fmt.Sprintf("; successor %s published at %s still waits", serialOf(st.next), st.nextSince.Format(time.RFC3339))
+		if p := w.live(); len(p) > 0 {
+			if status, ok := authorityStatus(p[0].auth); ok {
+				detail += fmt.Sprintf(" for %v", status.pending)
+			}
+		}
+	}
+	msg := fmt.Sprintf("%s at %s: hot loop: %s re-armed already due timers %d times in one instant (%d API requests meanwhile)%s",
+		w.name, w.simTime(), strings.Join(what, ", "), maxZeroSteps, w.api.calls.Load()-calls0, detail)
+	w.rep.hotLoops++
+	if w.rep.hotLoops <= 3 {
+		w.t.Log(msg)
+	}
+	if *knownIssues {
+		w.t.Error(msg)
 	}
 }
 
@@ -673,8 +716,8 @@ func (w *world) publishAt() time.Time {
 	return st.signing.NotAfter.Add(-w.p.caRenew)
 }
 
-// toPublished steps to the publication of the next successor and returns
-// the successor.
+// toPublished steps to the publication of the Authority's next successor
+// and returns it.
 func (w *world) toPublished() *x509.Certificate {
 	w.t.Helper()
 	if st, _ := w.caState(); st.next == nil {
@@ -685,7 +728,7 @@ func (w *world) toPublished() *x509.Certificate {
 	return st.next
 }
 
-// toPromoted steps until the successor published now signs.
+// toPromoted steps until the Authority's successor published now signs.
 func (w *world) toPromoted() {
 	w.t.Helper()
 	st, _ := w.caState()
@@ -697,6 +740,37 @@ func (w *world) toPromoted() {
 		st, _ := w.caState()
 		return st.signing != nil && st.signing.Equal(successor)
 	})
+}
+
+// toAllPublished is toPublished for the Authority and every SelfSigned
+// provider at once: a pause that must come right after a publication.
+func (w *world) toAllPublished() {
+	w.t.Helper()
+	w.toPublished()
+	w.runUntil("publication of the SelfSigned successors", w.p.ca, func() bool {
+		return w.selfSigned(func(s rotationStatus) bool { return s.successorSerial != "" })
+	})
+}
+
+// toAllPromoted is toPromoted for the Authority and every SelfSigned
+// provider.
+func (w *world) toAllPromoted() {
+	w.t.Helper()
+	w.toPromoted()
+	w.runUntil("promotion of the SelfSigned successors", w.p.ca, func() bool {
+		return w.selfSigned(func(s rotationStatus) bool { return s.successorSerial == "" })
+	})
+}
+
+// selfSigned reports whether every live SelfSigned provider's status
+// satisfies cond.
+func (w *world) selfSigned(cond func(rotationStatus) bool) bool {
+	for _, p := range w.live() {
+		if st, ok := selfSignedStatus(p.self); ok && !cond(st) {
+			return false
+		}
+	}
+	return true
 }
 
 // watchRotation logs every change of the Secret's signing CA: a promotion

@@ -130,6 +130,35 @@ func (s *simClock) busy() string {
 	return ""
 }
 
+// due reports whether an armed timer's deadline has come: a real timer
+// would have fired already; the fake one waits for the next step.
+func (s *simClock) due() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.base.Now()
+	for t := range s.timers {
+		if !t.deadline.After(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// dueOwners lists the owners of due timers.
+func (s *simClock) dueOwners() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.base.Now()
+	var out []string
+	for t := range s.timers {
+		if !t.deadline.After(now) && !slices.Contains(out, t.c.owner) {
+			out = append(out, t.c.owner)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // nextDeadline is the earliest time a timer or ticker fires; zero if none.
 func (s *simClock) nextDeadline() time.Time {
 	s.mu.Lock()
