@@ -302,11 +302,12 @@ func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
 func (i *issuer) nextDeadline() time.Time {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
-	next := i.sched.nextDeadline(&i.cas, i.leaf.Cert)
+	now := i.cfg.clock.Now()
+	next := i.sched.nextDeadline(&i.cas, i.leaf.Cert, now)
 	if i.cas.next != nil {
 		// Replicas and observers notify; still look again at least every
 		// check interval while a successor waits.
-		next = earliest(next, i.cfg.clock.Now().Add(i.cfg.checkInterval))
+		next = earliest(next, now.Add(i.cfg.checkInterval))
 	}
 	return next
 }

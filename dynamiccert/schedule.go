@@ -153,17 +153,20 @@ func (r rotation) leafDue(leaf *pki.Issued, signedBy []byte, cs *caSet, now time
 	return !now.Before(leaf.Cert.NotAfter.Add(-r.leafRenewBefore)) && leaf.Cert.NotAfter.Before(cs.signing.Cert.NotAfter)
 }
 
-// nextDeadline is the earliest time advance or leafDue will decide
-// differently.
-func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate) time.Time {
+// nextDeadline is the earliest time after now at which advance or leafDue
+// will decide differently on the clock alone.
+func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time) time.Time {
 	next := cs.signing.Cert.NotAfter
 	if leaf.NotAfter.Before(next) {
 		next = leaf.NotAfter.Add(-r.leafRenewBefore)
 	}
 	if cs.next == nil {
 		next = earliest(next, cs.signing.Cert.NotAfter.Add(-r.caRenewBefore))
-	} else {
-		next = earliest(next, r.signsNoEarlierThan(cs))
+	} else if signs := r.signsNoEarlierThan(cs); signs.After(now) {
+		// Once the minimum delay is over, only observers hold the
+		// successor back: they notify, and are polled every check
+		// interval. A deadline in the past would be a busy loop.
+		next = earliest(next, signs)
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
