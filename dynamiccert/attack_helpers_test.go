@@ -4,13 +4,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
@@ -27,6 +32,41 @@ func secretWrites(client *fake.Clientset) *atomic.Int64 {
 		})
 	}
 	return n
+}
+
+// optimistic makes the fake API server keep resourceVersions and enforce
+// optimistic concurrency on Secrets and Leases, as a real one does: an
+// update whose resourceVersion is not the stored one is a Conflict. (The
+// fake tracker keeps no resourceVersion and lets the last writer win,
+// which hides races between replicas.)
+func optimistic(client *fake.Clientset) {
+	var rv atomic.Int64
+	for _, r := range []struct {
+		resource string
+		gvr      schema.GroupVersionResource
+		gr       schema.GroupResource
+	}{
+		{"secrets", corev1.SchemeGroupVersion.WithResource("secrets"), corev1.Resource("secrets")},
+		{"leases", coordinationv1.SchemeGroupVersion.WithResource("leases"), coordinationv1.Resource("leases")},
+	} {
+		client.PrependReactor("create", r.resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+			obj := action.(clienttesting.CreateAction).GetObject().(metav1.Object)
+			obj.SetResourceVersion(fmt.Sprint(rv.Add(1)))
+			return false, nil, nil
+		})
+		client.PrependReactor("update", r.resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+			obj := action.(clienttesting.UpdateAction).GetObject().(metav1.Object)
+			stored, err := client.Tracker().Get(r.gvr, obj.GetNamespace(), obj.GetName())
+			if err != nil {
+				return false, nil, nil
+			}
+			if cur := stored.(metav1.Object).GetResourceVersion(); obj.GetResourceVersion() != cur {
+				return true, nil, apierrors.NewConflict(r.gr, obj.GetName(), fmt.Errorf("resourceVersion %q is not %q", obj.GetResourceVersion(), cur))
+			}
+			obj.SetResourceVersion(fmt.Sprint(rv.Add(1)))
+			return false, nil, nil
+		})
+	}
 }
 
 // settle waits until every replica has finished its pass (the fake clock has

@@ -16,6 +16,7 @@ import (
 func TestAttackLogsPerStepAreBounded(t *testing.T) {
 	logs := captureLogs(t)
 	client := fake.NewClientset()
+	optimistic(client)
 	clk := clocktesting.NewFakeClock(testNow)
 	mk := func(id string) *Authority {
 		a := attackAuthority(t, client, clk, "attack-logs-"+id, func(c *AuthorityConfig) {

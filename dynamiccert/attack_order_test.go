@@ -91,6 +91,7 @@ func TestAttackConcurrentReadersAndOrder(t *testing.T) {
 		ss, err := NewSelfSigned(SelfSignedConfig{Name: "attack-concurrent-ss", Lifetime: time.Hour, Clock: clk, Observers: []Observer{flap}})
 		require.NoError(t, err)
 		client := fake.NewClientset()
+		optimistic(client)
 		mk := func(id string) *Authority {
 			a, err := NewAuthority(AuthorityConfig{
 				Name: "attack-concurrent-" + id, Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: id,

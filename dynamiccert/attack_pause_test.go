@@ -119,3 +119,36 @@ func TestAttackPausedProcessWaitsForLiveReplicas(t *testing.T) {
 	assert.Equal(t, succ.Serial, a.Status().Signing.Serial)
 	assert.Zero(t, a.Status().UnsafeRotations)
 }
+
+// TestAttackEveryReplicaPausedBeyondTheCA: every replica is down (or
+// paused) for longer than a CA lifetime; they wake together. Exactly one
+// fresh CA must win (an unsafe rotation, counted once), both replicas must
+// serve leaves that chain to ca.crt, and they must not fight over it.
+func TestAttackEveryReplicaPausedBeyondTheCA(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	writes := secretWrites(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	mk := func(id string) *Authority {
+		a := attackAuthority(t, client, clk, "attack-allpaused-"+id, nil)
+		runInBackground(t, a.Run)
+		waitFor(t, "the leaf", func() bool { return a.Leaf() != nil })
+		return a
+	}
+	a, b := mk("a"), mk("b")
+	settle(t, clk, 2, client, writes, 3, a, b)
+	clk.Step(12 * time.Hour) // the CA lives 8h
+	settle(t, clk, 2, client, writes, 6, a, b)
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Len(t, mustParseBundle(t, s.Data[SecretCAKey]), 1, "expired CAs stay in ca.crt")
+	for _, r := range []*Authority{a, b} {
+		require.NoError(t, handshakeWith(t, r, s.Data[SecretCAKey], clk.Now), "%s", r.Name())
+	}
+	assert.Equal(t, 1, a.Status().UnsafeRotations+b.Status().UnsafeRotations)
+	for range 30 {
+		clk.Step(10 * time.Minute)
+		settle(t, clk, 2, client, writes, 3, a, b)
+	}
+	assert.Equal(t, 1, a.Status().UnsafeRotations+b.Status().UnsafeRotations)
+}

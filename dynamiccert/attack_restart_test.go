@@ -98,6 +98,7 @@ func TestAttackLeasesForbidden(t *testing.T) {
 // throughout, and nothing is unsafe.
 func TestAttackRestartMidRotation(t *testing.T) {
 	client := fake.NewClientset()
+	optimistic(client)
 	writes := secretWrites(client)
 	clk := clocktesting.NewFakeClock(testNow)
 	mk := func(id string) (*Authority, context.CancelFunc) {

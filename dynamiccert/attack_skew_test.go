@@ -38,6 +38,7 @@ func skewedReplica(t *testing.T, client *fake.Clientset, base *clocktesting.Fake
 // write loop at API latency that adds a CA to ca.crt on every round.
 func TestAttackSkewBeyondToleranceConverges(t *testing.T) {
 	client := fake.NewClientset()
+	optimistic(client)
 	writes := secretWrites(client)
 	base := clocktesting.NewFakeClock(testNow)
 
@@ -68,6 +69,7 @@ func TestAttackSkewBeyondToleranceConverges(t *testing.T) {
 // the two flip ca.crt at API latency until the slow clock catches up.
 func TestAttackSkewWithinToleranceRetire(t *testing.T) {
 	client := fake.NewClientset()
+	optimistic(client)
 	writes := secretWrites(client)
 	base := clocktesting.NewFakeClock(testNow)
 	short := func(c *AuthorityConfig) { c.Lifetime = time.Hour } // skew tolerance: RenewBefore/4 = 5m

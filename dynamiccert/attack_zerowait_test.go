@@ -38,6 +38,7 @@ func TestAttackNoZeroWaits(t *testing.T) {
 	})
 	t.Run("Authority with Leases, outage and pauses", func(t *testing.T) {
 		client := fake.NewClientset()
+		optimistic(client)
 		gets := interceptSecrets(client, "get", nil)
 		clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
 		mk := func(id string) *Authority {
