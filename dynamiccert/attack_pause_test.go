@@ -152,3 +152,62 @@ func TestAttackEveryReplicaPausedBeyondTheCA(t *testing.T) {
 	}
 	assert.Equal(t, 1, a.Status().UnsafeRotations+b.Status().UnsafeRotations)
 }
+
+// TestAttackDeletedLeaseOfLiveReplica: someone deletes the Lease of a live
+// replica that has not confirmed the successor (kubectl, a cleanup job, a
+// second writer). That is no evidence the replica is gone: it recreates its
+// Lease at its next renewal. Until its last renewal has aged out, it must
+// still be waited for; the deletion alone let the successor sign at once.
+func TestAttackDeletedLeaseOfLiveReplica(t *testing.T) {
+	client := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(testNow)
+	a, err := NewAuthority(AuthorityConfig{
+		Name: "attack-deleted-lease", Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: "a",
+		Hosts: []string{"localhost"}, Lifetime: 10 * time.Minute, LeaseDuration: 20 * time.Second, Clock: clk,
+	})
+	require.NoError(t, err)
+	stuck := newFakeReplica(t, client, clk, "stuck", 20)
+	runInBackground(t, a.Run)
+	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	step := func(d time.Duration) {
+		stuck.renew(a)
+		clk.Step(d)
+		waitWaiters(t, clk, 2)
+	}
+	for a.Status().Successor == nil {
+		step(time.Minute)
+	}
+	succ := a.Status().Successor
+	for clk.Now().Before(succ.SignsNoEarlierThan.Add(time.Minute)) {
+		step(5 * time.Second)
+	}
+	require.Equal(t, []string{"replica/stuck"}, a.Status().Successor.Pending)
+
+	stuck.renew(a)
+	require.NoError(t, client.CoordinationV1().Leases("ns").Delete(context.Background(), stuck.name, metav1.DeleteOptions{}))
+	waitFor(t, "the deletion to be seen", func() bool {
+		a.replicas.mu.Lock()
+		defer a.replicas.mu.Unlock()
+		l := a.replicas.seen[stuck.name]
+		return l == nil || l.deleted
+	})
+	kickAndWait(t, a.issuer)
+	require.NotNil(t, a.Status().Successor, "the successor signed because a live replica's Lease was deleted")
+	assert.Equal(t, []string{"replica/stuck"}, a.Status().Successor.Pending)
+
+	// The replica does not come back: once its last renewal aged out, it
+	// is not waited for, and the deleted entry does not linger.
+	waitFor(t, "promotion", func() bool {
+		clk.Step(5 * time.Second)
+		waitWaiters(t, clk, 2)
+		return a.Status().Successor == nil
+	})
+	for range 100 {
+		clk.Step(5 * time.Second)
+		waitWaiters(t, clk, 2)
+	}
+	a.replicas.mu.Lock()
+	_, lingering := a.replicas.seen[stuck.name]
+	a.replicas.mu.Unlock()
+	assert.False(t, lingering, "a deleted Lease stays in the seen map")
+}

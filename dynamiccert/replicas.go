@@ -59,10 +59,14 @@ type announcement struct {
 // when a renewal was observed, never by the writer's timestamps, so clocks
 // that disagree cannot make a live replica look dead or the reverse.
 type seenLease struct {
-	holder     string
-	trusted    []string
-	rv         string // resourceVersion and renewTime last seen
-	version    string // resourceVersion last seen
+	holder  string
+	trusted []string
+	rv      string // resourceVersion and renewTime last seen
+	version string // resourceVersion last seen
+	// deleted: the Lease is gone. That is no evidence the replica is (it
+	// recreates its Lease at its next renewal), so it is waited for until
+	// its last renewal ages out, then forgotten.
+	deleted    bool
 	observedAt time.Time
 	duration   time.Duration
 }
@@ -212,7 +216,8 @@ func (r *replicaSet) woke() {
 // unrenewed, as seen by this process, before this process deletes it.
 const leaseGCAfter = 10
 
-// collect deletes the Leases of replicas that are long gone. Every process
+// collect forgets deleted Leases once they aged out, and deletes the Leases
+// of replicas that are long gone. Every process
 // start announces itself under a new replica ID, so without this a
 // Deployment would leave one Lease per pod it ever ran. The delete is
 // conditional on the resourceVersion last seen, so a replica that renewed
@@ -223,12 +228,11 @@ func (r *replicaSet) collect(ctx context.Context) {
 	type gone struct{ name, version string }
 	var dead []gone
 	r.mu.Lock()
-	if r.collectForbidden {
-		r.mu.Unlock()
-		return
-	}
 	for name, l := range r.seen {
-		if name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration)) {
+		switch {
+		case l.deleted && !now.Before(l.observedAt.Add(l.duration)):
+			delete(r.seen, name) // gone, and no longer waited for
+		case !l.deleted && !r.collectForbidden && name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration)):
 			dead = append(dead, gone{name, l.version})
 		}
 	}
@@ -346,7 +350,9 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 			}
 			if l, ok := obj.(*coordinationv1.Lease); ok {
 				r.mu.Lock()
-				delete(r.seen, l.Name)
+				if s := r.seen[l.Name]; s != nil {
+					s.deleted, s.rv = true, ""
+				}
 				r.mu.Unlock()
 				kick()
 			}
