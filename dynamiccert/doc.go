@@ -73,7 +73,11 @@ package dynamiccert
 //
 // Faults: every failed check is retried with exponential backoff, jitter
 // and a cap (internal/backoff), at least as long as a 429's Retry-After; a
-// write conflict means re-read and decide again. An Authority that finds
-// its Secret deleted, or rolled back to older content, writes back the CAs
-// it knows instead of starting a CA no client trusts. To force a new CA,
-// delete the Secret and restart every replica.
+// write conflict means re-read and decide again. While the CA state cannot
+// be read or written (an API outage, RBAC, content it will not overwrite),
+// the issuer keeps renewing its own leaf from the signing CA it holds. An
+// Authority that finds its Secret deleted, or rolled back to older content
+// (a signing CA older than its own that it knew, or that is no longer
+// valid), writes back the CAs it knows instead of starting a CA no client
+// trusts; a valid CA it never saw is another writer's, not a rollback. To
+// force a new CA, delete the Secret and restart every replica.
