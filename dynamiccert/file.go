@@ -53,10 +53,16 @@ type FileCertKeyConfig struct {
 // and anything but a regular file (a directory, a FIFO) is refused without
 // blocking.
 //
-// Events are coalesced for a few tens of milliseconds (real time) before the
-// files are read; a directory that does not exist yet, or was deleted, is
-// watched again as soon as it (re)appears, checked with a short real-time
-// backoff and on every resync tick.
+// The files are read as soon as a filesystem event arrives, so a complete
+// new pair is served within milliseconds of its last write. Content that is
+// not valid yet (the certificate written, the key not yet; a file truncated
+// and not yet rewritten) is re-read on every further event and with a short
+// real-time backoff, and the failure is reported (counted, logged, returned
+// by LastError) only if it is still there a quarter of a second after the
+// change began; failures seen by RunOnce and by the resync are reported at
+// once. A directory that does not exist yet, or was deleted, is watched
+// again as soon as it (re)appears, checked with a short real-time backoff
+// and on every resync tick.
 //
 // FileCertKey implements dynamiccertificates.CertKeyContentProvider,
 // SNICertKeyContentProvider, Notifier and ControllerRunner. It is safe for
@@ -136,7 +142,9 @@ func (p *FileCertKey) Current() *pki.KeyPair {
 	return c.pair
 }
 
-// LastError returns the error of the last load, or nil if it succeeded.
+// LastError returns the error of the last reported load, or nil if it
+// succeeded. A failure that a change in progress resolves within the grace
+// period is not reported.
 func (p *FileCertKey) LastError() error { return p.src.report.lastError() }
 
 // RunOnce loads the files once, synchronously. It returns the load error,
@@ -147,24 +155,30 @@ func (p *FileCertKey) RunOnce(context.Context) error { return p.load() }
 // Run loads the files and keeps reloading them on change until ctx is done.
 // workers is ignored: there is one loop.
 func (p *FileCertKey) Run(ctx context.Context, _ int) {
-	p.src.run(ctx, func() { _ = p.load() })
+	p.src.run(ctx, p.tryLoad)
 }
 
-func (p *FileCertKey) load() error {
+// load is tryLoad with its failure reported.
+func (p *FileCertKey) load() error { return p.src.reported(p.tryLoad()) }
+
+// tryLoad reads and validates the files and, if the pair changed, serves it
+// and notifies the listeners. It returns a failure without reporting it:
+// the caller decides whether it is reported.
+func (p *FileCertKey) tryLoad() error {
 	p.src.loadMu.Lock()
 	defer p.src.loadMu.Unlock()
 
 	certPEM, err := readPEMFile(p.src.paths[0])
 	if err != nil {
-		return p.src.report.failed(p.wrap(err))
+		return p.wrap(err)
 	}
 	keyPEM, err := readPEMFile(p.src.paths[1])
 	if err != nil {
-		return p.src.report.failed(p.wrap(err))
+		return p.wrap(err)
 	}
 	changed, err := storeCertKey(&p.cur, p.src.report, certPEM, keyPEM, p.src.clock.Now(), "files", p.certFile+","+p.keyFile)
 	if err != nil {
-		return p.src.report.failed(p.wrap(err))
+		return p.wrap(err)
 	}
 	if changed {
 		p.notify()

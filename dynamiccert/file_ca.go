@@ -34,8 +34,9 @@ type FileCAConfig struct {
 }
 
 // FileCA serves a CA bundle read from a file and reloads it on change, in
-// the same way as FileCertKey: parent-directory watch plus periodic
-// re-read, last good bundle kept when new content does not parse, one log
+// the same way as FileCertKey: parent-directory watch read at once on every
+// event plus periodic re-read, last good bundle kept when new content does
+// not parse, a partly written file retried rather than reported, one log
 // line per distinct error. The validity periods of the CAs are not checked:
 // during a CA rotation a bundle legitimately holds expired CAs.
 //
@@ -112,7 +113,9 @@ func (p *FileCA) Certificates() []*x509.Certificate {
 	return c.certs
 }
 
-// LastError returns the error of the last load, or nil if it succeeded.
+// LastError returns the error of the last reported load, or nil if it
+// succeeded. A failure that a change in progress resolves within the grace
+// period is not reported.
 func (p *FileCA) LastError() error { return p.src.report.lastError() }
 
 // RunOnce loads the file once, synchronously. It returns the load error,
@@ -123,16 +126,22 @@ func (p *FileCA) RunOnce(context.Context) error { return p.load() }
 // Run loads the file and keeps reloading it on change until ctx is done.
 // workers is ignored: there is one loop.
 func (p *FileCA) Run(ctx context.Context, _ int) {
-	p.src.run(ctx, func() { _ = p.load() })
+	p.src.run(ctx, p.tryLoad)
 }
 
-func (p *FileCA) load() error {
+// load is tryLoad with its failure reported.
+func (p *FileCA) load() error { return p.src.reported(p.tryLoad()) }
+
+// tryLoad reads and parses the bundle and, if it changed, serves it and
+// notifies the listeners. It returns a failure without reporting it: the
+// caller decides whether it is reported.
+func (p *FileCA) tryLoad() error {
 	p.src.loadMu.Lock()
 	defer p.src.loadMu.Unlock()
 
 	bundle, err := readPEMFile(p.src.paths[0])
 	if err != nil {
-		return p.src.report.failed(p.wrap(err))
+		return p.wrap(err)
 	}
 	prev := p.cur.Load()
 	if prev != nil && bytes.Equal(prev.bundle, bundle) {
@@ -143,7 +152,7 @@ func (p *FileCA) load() error {
 	}
 	pool, certs, err := pki.NewPool(bundle)
 	if err != nil {
-		return p.src.report.failed(p.wrap(err))
+		return p.wrap(err)
 	}
 	p.cur.Store(&caContent{
 		bundle: bundle,

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,12 +27,23 @@ const DefaultFileResyncInterval = time.Minute
 // Timings of the watch loop. They run on the real clock, not the injected
 // one: filesystem events are real, and a fake clock would stall them.
 var (
-	// fileSettleDelay is how long the loop waits for more events after one
-	// arrives, so that a burst (cert then key, a kubelet symlink swap) is
-	// read once. Every event in a burst restarts it, up to fileMaxSettle
-	// after the first event.
-	fileSettleDelay = 20 * time.Millisecond
-	fileMaxSettle   = 100 * time.Millisecond
+	// defaultFileSettleGrace is how long content read after a filesystem
+	// event may stay invalid before the failure is reported (counted,
+	// logged, returned by LastError). A writer that replaces a certificate
+	// and its key one after the other passes through invalid states (an
+	// empty file, a new certificate with the old key); those are re-read
+	// at once on the next event and retried with a short backoff, but
+	// reported only if they outlast the grace.
+	defaultFileSettleGrace = 250 * time.Millisecond
+	// fileRecheckMin and fileRecheckMax bound that backoff.
+	fileRecheckMin = 2 * time.Millisecond
+	fileRecheckMax = 50 * time.Millisecond
+	// fileEventBurst events are acted on at once; past that, reads
+	// triggered by events are limited to one per fileEventRefill, so that
+	// unrelated files changing all the time in a watched directory cost
+	// little.
+	fileEventBurst  = 8
+	fileEventRefill = 10 * time.Millisecond
 	// fileRetryMin and fileRetryMax bound the backoff used to retry
 	// watching a directory that does not exist (yet), or to recreate a
 	// watcher that failed.
@@ -52,6 +64,9 @@ type fileSource struct {
 	// afterSync, if set, is called by the run loop after every reload.
 	// Tests use it to know that the loop is up.
 	afterSync func()
+	// grace is how long a failure seen after a filesystem event stays
+	// unreported while the files settle (defaultFileSettleGrace).
+	grace time.Duration
 
 	// loadMu serializes loads (RunOnce and Run may race).
 	loadMu sync.Mutex
@@ -69,7 +84,7 @@ func newFileSource(name string, resync time.Duration, clk clock.WithTicker, file
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	s := &fileSource{name: name, clock: clk, resync: resync, report: &reporter{name: name}}
+	s := &fileSource{name: name, clock: clk, resync: resync, grace: defaultFileSettleGrace, report: &reporter{name: name}}
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
 		if err != nil {
@@ -78,6 +93,14 @@ func newFileSource(name string, resync time.Duration, clk clock.WithTicker, file
 		s.paths = append(s.paths, abs)
 	}
 	return s, nil
+}
+
+// reported reports err, if any, as a failed load, and returns it.
+func (s *fileSource) reported(err error) error {
+	if err != nil {
+		return s.report.failed(err)
+	}
+	return nil
 }
 
 // readPEMFile reads at most pki.MaxPEMSize+1 bytes of a regular file, so a
@@ -107,8 +130,9 @@ func readPEMFile(path string) ([]byte, error) {
 // realTimer is a resettable timer whose channel is nil while it is idle, so
 // it can sit in a select unconditionally.
 type realTimer struct {
-	t *time.Timer
-	c <-chan time.Time
+	t  *time.Timer
+	c  <-chan time.Time
+	at time.Time // when it fires, while active
 }
 
 func (r *realTimer) reset(d time.Duration) {
@@ -118,6 +142,16 @@ func (r *realTimer) reset(d time.Duration) {
 		r.t.Reset(d)
 	}
 	r.c = r.t.C
+	r.at = time.Now().Add(d)
+}
+
+// resetEarlier arms the timer for d from now unless it is already armed
+// to fire sooner.
+func (r *realTimer) resetEarlier(d time.Duration) {
+	if r.active() && !time.Now().Add(d).Before(r.at) {
+		return
+	}
+	r.reset(d)
 }
 
 func (r *realTimer) stop() {
@@ -135,42 +169,73 @@ func (r *realTimer) fired() { r.c = nil }
 // watchLoop is the state of one run of fileSource.run. It is owned by the
 // run goroutine.
 type watchLoop struct {
-	s      *fileSource
-	reload func()
+	s    *fileSource
+	load func() error // loads without reporting failures
 
 	w           *fsnotify.Watcher
-	settle      realTimer
-	burstStart  time.Time
 	retry       realTimer
 	retryDelay  time.Duration
 	desired     map[string]bool
 	lastProblem string
+	// relevant and realDirs tell which events concern the files (see
+	// watchDirs): realDirs maps each watched directory to its resolved
+	// path.
+	relevant map[string]bool
+	realDirs map[string]string
+
+	// recheck fires the next read while content read after an event is
+	// not valid yet (since failingSince), or while events are
+	// rate-limited.
+	recheck      realTimer
+	recheckDelay time.Duration
+	failingSince time.Time
+
+	// A token bucket for reads triggered by events: tokens left, and when
+	// the last one was added back.
+	tokens   int
+	refilled time.Time
 }
 
-// run blocks until ctx is done. It calls reload once at start, after every
-// burst of events in the files' directories, on every resync tick of the
-// injected clock, and whenever a missing directory becomes watchable. It
-// starts no goroutine of its own; the fsnotify watcher's reader goroutine is
-// closed before run returns.
-func (s *fileSource) run(ctx context.Context, reload func()) {
+// run blocks until ctx is done. load must load the files and return its
+// error without reporting it; run decides when a failure is reported.
+//
+// run loads at start and on every resync tick of the injected clock, and
+// reports the result. On a filesystem event in the files' directories, or
+// when a missing directory becomes watchable, it loads at once; if the
+// content is not valid (yet), it re-reads on every further event and with
+// a short backoff, and reports the failure only if it lasts for the grace
+// period. So a half-written pair is never served, the complete pair is
+// served as soon as its last byte is written, and a writer that updates
+// the files one after the other does not log errors. It starts no
+// goroutine of its own; the fsnotify watcher's reader goroutine is closed
+// before run returns.
+func (s *fileSource) run(ctx context.Context, load func() error) {
 	klog.InfoS("Starting file certificate watch", "provider", s.name, "files", s.paths, "resync", s.resync)
 	defer klog.InfoS("Stopped file certificate watch", "provider", s.name)
 
-	l := &watchLoop{s: s, reload: reload, retryDelay: fileRetryMin}
+	l := &watchLoop{
+		s:          s,
+		load:       load,
+		retryDelay: fileRetryMin,
+		tokens:     fileEventBurst,
+		refilled:   time.Now(),
+		realDirs:   map[string]string{},
+	}
 	if s.afterSync != nil {
-		l.reload = func() {
-			reload()
+		l.load = func() error {
+			err := load()
 			s.afterSync()
+			return err
 		}
 	}
 	ticker := s.clock.NewTicker(s.resync)
 	defer ticker.Stop()
-	defer l.settle.stop()
+	defer l.recheck.stop()
 	defer l.retry.stop()
 	defer l.closeWatcher()
 
 	l.ensureWatch()
-	l.reload()
+	l.checkAndReport()
 	for {
 		var (
 			events <-chan fsnotify.Event
@@ -185,7 +250,7 @@ func (s *fileSource) run(ctx context.Context, reload func()) {
 
 		case <-ticker.C():
 			l.ensureWatch()
-			l.reload()
+			l.checkAndReport()
 
 		case ev, ok := <-events:
 			if !ok {
@@ -199,7 +264,12 @@ func (s *fileSource) run(ctx context.Context, reload func()) {
 				// once the directory is back.
 				_ = l.w.Remove(ev.Name)
 			}
-			l.scheduleSettle()
+			if l.isRelevant(ev.Name) {
+				l.ensureWatch()
+				l.check()
+			} else {
+				l.changed()
+			}
 
 		case err, ok := <-errs:
 			if !ok {
@@ -209,35 +279,108 @@ func (s *fileSource) run(ctx context.Context, reload func()) {
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				// Events were lost, the watches are fine: just re-read.
 				klog.V(2).InfoS("File events overflowed, re-reading", "provider", s.name)
-				l.scheduleSettle()
+				l.ensureWatch()
+				l.check()
 				continue
 			}
 			l.watcherFailed(err)
 
-		case <-l.settle.c:
-			l.settle.fired()
-			l.burstStart = time.Time{}
-			l.ensureWatch()
-			l.reload()
+		case <-l.recheck.c:
+			l.recheck.fired()
+			if l.failingSince.IsZero() {
+				// Rate-limited events: spend the token that is due.
+				l.changed()
+			} else {
+				l.check()
+			}
 
 		case <-l.retry.c:
 			l.retry.fired()
 			if l.ensureWatch() {
 				// Something became watchable: its content may have
 				// appeared before the watch did.
-				l.reload()
+				l.check()
 			}
 		}
 	}
 }
 
-func (l *watchLoop) scheduleSettle() {
-	now := time.Now()
-	if !l.settle.active() {
-		l.burstStart = now
+// isRelevant reports whether an event on name may change what the files
+// resolve to or contain: name is a watched directory, or one of the paths
+// visited when the files were last resolved.
+func (l *watchLoop) isRelevant(name string) bool {
+	if l.desired[name] || l.relevant[name] {
+		return true
 	}
-	delay := min(fileSettleDelay, fileMaxSettle-now.Sub(l.burstStart))
-	l.settle.reset(max(delay, 0))
+	if dir, ok := l.realDirs[filepath.Dir(name)]; ok {
+		return l.relevant[filepath.Join(dir, filepath.Base(name))]
+	}
+	return false
+}
+
+// changed reacts to an event on some other entry of a watched directory:
+// it reads the files at once too, unless such events are so frequent that
+// the token bucket is empty; the read is then deferred until a token is
+// due.
+func (l *watchLoop) changed() {
+	now := time.Now()
+	if l.tokens < fileEventBurst {
+		if n := int(now.Sub(l.refilled) / fileEventRefill); n > 0 {
+			l.tokens = min(fileEventBurst, l.tokens+n)
+			l.refilled = l.refilled.Add(time.Duration(n) * fileEventRefill)
+		}
+	}
+	if l.tokens == 0 {
+		l.recheck.resetEarlier(fileEventRefill - now.Sub(l.refilled))
+		return
+	}
+	if l.tokens == fileEventBurst {
+		l.refilled = now
+	}
+	l.tokens--
+	l.ensureWatch()
+	l.check()
+}
+
+// check reads the files after an event. A failure starts (or continues) a
+// settling period: the files are re-read with a short backoff, and the
+// failure is reported only if it is still there once the grace period has
+// passed. Success ends the period; nothing that happened in it is
+// reported.
+func (l *watchLoop) check() {
+	err := l.load()
+	if err == nil {
+		l.settled()
+		return
+	}
+	now := time.Now()
+	if l.failingSince.IsZero() {
+		l.failingSince = now
+		l.recheckDelay = fileRecheckMin
+		klog.V(4).InfoS("Files not valid yet, re-checking", "provider", l.s.name, "err", err)
+	}
+	deadline := l.failingSince.Add(l.s.grace)
+	if !now.Before(deadline) {
+		_ = l.s.reported(err)
+		l.settled()
+		return
+	}
+	l.recheck.reset(min(l.recheckDelay, deadline.Sub(now)))
+	l.recheckDelay = min(2*l.recheckDelay, fileRecheckMax)
+}
+
+// checkAndReport reads the files and reports a failure at once: at start
+// and on resync ticks. A tick during a settling period ends it: the resync
+// is the safety net, and what it reads is what is reported.
+func (l *watchLoop) checkAndReport() {
+	_ = l.s.reported(l.load())
+	l.settled()
+}
+
+// settled ends a settling period.
+func (l *watchLoop) settled() {
+	l.failingSince = time.Time{}
+	l.recheck.stop()
 }
 
 func (l *watchLoop) closeWatcher() {
@@ -254,7 +397,7 @@ func (l *watchLoop) watcherFailed(err error) {
 	l.problem(fmt.Errorf("file watch failed, re-establishing it: %w", err))
 	l.closeWatcher()
 	l.armRetry()
-	l.reload()
+	l.check()
 }
 
 // problem logs a watch problem once per distinct message.
@@ -289,7 +432,13 @@ func (l *watchLoop) ensureWatch() (added bool) {
 		}
 		l.w = w
 	}
-	l.desired = l.s.watchDirs()
+	l.desired, l.relevant = l.s.watchDirs()
+	clear(l.realDirs)
+	for d := range l.desired {
+		if resolved, err := filepath.EvalSymlinks(d); err == nil {
+			l.realDirs[d] = resolved
+		}
+	}
 	have := map[string]bool{}
 	for _, d := range l.w.WatchList() {
 		have[d] = true
@@ -329,12 +478,19 @@ func (l *watchLoop) ensureWatch() (added bool) {
 // too (so that an in-place change of the target is seen). Watching
 // directories rather than files survives the kubelet's ..data symlink swap,
 // editors' rename-over and delete-then-create.
-func (s *fileSource) watchDirs() map[string]bool {
-	dirs := map[string]bool{}
+//
+// It also returns the entries whose change changes what a file resolves
+// to: every path visited while resolving it, each in the form <resolved
+// directory>/<name> (see walkSymlinks). An event on one of them makes the
+// loop read the files at once, always; other events in the watched
+// directories do too, but rate-limited (see watchLoop.changed).
+func (s *fileSource) watchDirs() (dirs, relevant map[string]bool) {
+	dirs = map[string]bool{}
+	relevant = map[string]bool{}
 	for _, p := range s.paths {
 		parent := filepath.Dir(p)
 		dirs[parent] = true
-		target, err := filepath.EvalSymlinks(p)
+		target, err := walkSymlinks(p, func(visited string) { relevant[visited] = true })
 		if err != nil || target == p {
 			continue
 		}
@@ -345,5 +501,54 @@ func (s *fileSource) watchDirs() map[string]bool {
 		}
 		dirs[targetDir] = true
 	}
-	return dirs
+	return dirs, relevant
+}
+
+// maxSymlinks bounds the symlinks walkSymlinks follows, as
+// filepath.EvalSymlinks does.
+const maxSymlinks = 255
+
+// walkSymlinks resolves the absolute path like filepath.EvalSymlinks and
+// calls visit with every path it looks up on the way, including the ones
+// that turn out to be symlinks and a missing one it stops at. Each visited
+// path is a fully resolved directory joined with one name, so the change
+// of any link, directory or file that the resolution depends on shows up
+// as an event on a visited path.
+func walkSymlinks(path string, visit func(string)) (string, error) {
+	resolved := string(filepath.Separator)
+	rest := strings.Split(filepath.Clean(path), string(filepath.Separator))
+	links := 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			resolved = filepath.Dir(resolved)
+			continue
+		}
+		next := filepath.Join(resolved, name)
+		visit(next)
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			resolved = next
+			continue
+		}
+		if links++; links > maxSymlinks {
+			return "", &fs.PathError{Op: "walk", Path: path, Err: errors.New("too many symbolic links")}
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			resolved = string(filepath.Separator)
+		}
+		rest = append(strings.Split(target, string(filepath.Separator)), rest...)
+	}
+	return resolved, nil
 }
