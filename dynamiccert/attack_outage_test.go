@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -94,4 +95,34 @@ func TestAttackGarbageSecretKeepsLeafFresh(t *testing.T) {
 			assert.Equal(t, s.Data, after.Data, "content it cannot read is never overwritten")
 		})
 	}
+}
+
+// TestAttackStoreFailureIsVisibleBeforeTheOutage: the CA Secret holds
+// garbage a second writer left there, so no successor can be published.
+// The leaf keeps being renewed from the CA in memory, but that CA is
+// heading for its expiry, and with it the serving certificate. Like an
+// observer that does not confirm, this must turn the ca-rotation check red
+// while there is still time to act, not stay green until the outage.
+func TestAttackStoreFailureIsVisibleBeforeTheOutage(t *testing.T) {
+	client := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(testNow)
+	a := attackAuthority(t, client, clk, "attack-visible", nil)
+	check := RotationCheck(a)
+	runInBackground(t, a.Run)
+	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	waitBlocked(t, clk)
+	signing := a.Status().Signing
+	editSecret(t, client, func(s *corev1.Secret) { s.Data["tls.crt"] = []byte("garbage") })
+	waitFor(t, "the garbage to be reported", func() bool { return a.LastError() != nil })
+
+	for clk.Now().Before(signing.NotAfter.Add(-a.cfg.RenewBefore)) {
+		require.NoError(t, check.Check(nil), "at %s", clk.Now())
+		clk.Step(10 * time.Minute)
+		waitBlocked(t, clk)
+	}
+	err := check.Check(nil)
+	require.Error(t, err, "the CA expires at %s and nothing can replace it, yet ca-rotation is healthy", signing.NotAfter)
+	assert.Contains(t, err.Error(), "no successor could be published")
+	assert.Contains(t, err.Error(), "malformed PEM", "the check names the cause")
+	assert.True(t, a.Status().Stalled)
 }

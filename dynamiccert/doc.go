@@ -47,8 +47,10 @@ package dynamiccert
 //
 // Status reports the phase: the signing CA, the Successor with the time it
 // was published, when its minimum delay ends and the observers still
-// Pending, and whether the rotation is Stalled (a successor still waits
-// although the signing CA is within the leaf renew-before of its expiry).
+// Pending, and whether the rotation is Stalled (the signing CA is within
+// the leaf renew-before of its expiry and no successor signs: one still
+// waits for observers, or none could be published because the CA state
+// cannot be read or written).
 // RotationCheck turns that into a readiness check, and
 // evercert_ca_rotation_pending_observers{provider} counts the pending
 // observers.

@@ -20,9 +20,10 @@ type RotationStatus struct {
 	// Successor is the CA published in the bundle that waits for its
 	// observers before it signs; nil when none waits.
 	Successor *SuccessorStatus
-	// Stalled is true when a successor still waits although the signing CA
-	// is so close to expiry that leaves are cut short (within the leaf
-	// renew-before of its NotAfter): an observer is not confirming.
+	// Stalled is true when the signing CA is so close to expiry that leaves
+	// are cut short (within the leaf renew-before of its NotAfter) and no
+	// successor signs yet: an observer is not confirming, or (with no
+	// Successor) the CA state cannot be read or written (see LastError).
 	Stalled bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
@@ -65,6 +66,7 @@ func describeCA(c *x509.Certificate) CAStatus {
 // updateStatus recomputes the status and the pending-observers gauge.
 func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	s := RotationStatus{Signing: describeCA(st.signing.Cert)}
+	s.Stalled = !now.Before(st.signing.Cert.NotAfter.Add(-i.sched.leafRenewBefore))
 	pending := 0
 	if st.next != nil {
 		succ := &SuccessorStatus{
@@ -75,7 +77,6 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 		}
 		pending = len(succ.Pending)
 		s.Successor = succ
-		s.Stalled = !now.Before(st.signing.Cert.NotAfter.Add(-i.sched.leafRenewBefore))
 	}
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
@@ -105,17 +106,22 @@ type RotationReporter interface {
 }
 
 // RotationCheck returns a health check named "ca-rotation:<provider name>"
-// that fails while the rotation is stalled (a successor CA still waits for
-// observers although the signing CA is about to expire), naming the pending
-// observers. It belongs on /readyz and /healthz, not /livez: a restart does
-// not make an observer confirm.
+// that fails while the rotation is stalled (the signing CA is about to
+// expire and no successor signs yet), naming the pending observers or the
+// error that keeps a successor from being published. It belongs on /readyz
+// and /healthz, not /livez: a restart does not make an observer confirm.
 func RotationCheck(r RotationReporter) healthz.HealthChecker {
 	return healthz.NamedCheck("ca-rotation:"+r.Name(), func(*http.Request) error {
 		s := r.Status()
-		if s.Stalled && s.Successor != nil {
+		switch {
+		case !s.Stalled:
+			return nil
+		case s.Successor != nil:
 			return fmt.Errorf("successor CA %s waits for %s while CA %s expires at %s",
 				s.Successor.Serial, strings.Join(s.Successor.Pending, ", "), s.Signing.Serial, s.Signing.NotAfter.UTC().Format(time.RFC3339))
+		default:
+			return fmt.Errorf("CA %s expires at %s and no successor could be published: %v",
+				s.Signing.Serial, s.Signing.NotAfter.UTC().Format(time.RFC3339), s.LastError)
 		}
-		return nil
 	})
 }
