@@ -140,9 +140,15 @@ func TestAttackConcurrentReadersAndOrder(t *testing.T) {
 			Leaf() *x509.Certificate
 			CurrentCABundleContent() []byte
 		}{ss, a, b} {
+			// A loop may be backing off after a conflict: let time pass.
 			waitFor(t, "a valid leaf at the end", func() bool {
 				l := p.Leaf()
-				return l != nil && verifiesAt(t, l, p.CurrentCABundleContent(), clk.Now()) == nil
+				if l != nil && verifiesAt(t, l, p.CurrentCABundleContent(), clk.Now()) == nil {
+					return true
+				}
+				clk.Step(time.Second)
+				time.Sleep(time.Millisecond)
+				return false
 			})
 		}
 		cancel()
