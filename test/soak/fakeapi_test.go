@@ -277,6 +277,33 @@ func conflictFault() *apiFault {
 	}}
 }
 
+// race lets some replicas lose their writes to the others: a loser's write
+// waits for a winner's to be committed.
+type race struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newRace() *race { return &race{ch: make(chan struct{})} }
+
+func (r *race) wait(d time.Duration) {
+	r.mu.Lock()
+	ch := r.ch
+	r.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(d):
+	}
+}
+
+// won wakes the losers waiting now.
+func (r *race) won() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.ch)
+	r.ch = make(chan struct{})
+}
+
 // podClient is one replica's client: the scenario's one fake clientset,
 // with the replica's requests counted by verb and resource (to bound each
 // loop's retries on its own) and a hook on the CA Secret writes (to crash
@@ -287,22 +314,43 @@ type podClient struct {
 	// with the content before and after; it returns an error to report
 	// instead of the result (a crash: the response never arrives).
 	afterSecretWrite func(before, after *corev1.Secret) error
-	// blockSecretWrites makes the replica lose every Secret write to
-	// another writer (409 Conflict) while set.
-	blockSecretWrites atomic.Bool
-	api               *fakeAPI
+	// loseRace, when set, makes the replica lose its Secret writes to
+	// another replica: a write waits until another replica's write is
+	// committed (at most two seconds), then fails with 409 Conflict, as a
+	// write of the same version does.
+	loseRace atomic.Pointer[race]
+	// fault, when set, fails this replica's matching requests (Secrets,
+	// Leases and webhook configurations).
+	fault atomic.Pointer[apiFault]
+	api   *fakeAPI
 
 	mu     sync.Mutex
 	counts map[string]int64 // "verb resource"
 }
 
-func (c *podClient) count(verb, resource string) {
+// request counts a request and returns the error it fails with, if this
+// replica's fault or lost race says so.
+func (c *podClient) request(verb string, gvr schema.GroupVersionResource, ns string) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.counts == nil {
 		c.counts = map[string]int64{}
 	}
-	c.counts[verb+" "+resource]++
+	c.counts[verb+" "+gvr.Resource]++
+	c.mu.Unlock()
+	if f := c.fault.Load(); f != nil {
+		action := clienttesting.ActionImpl{Verb: verb, Resource: gvr, Namespace: ns}
+		if f.matches(action) {
+			return f.err(action)
+		}
+	}
+	if r := c.loseRace.Load(); r != nil && gvr == secretsGVR && (verb == "update" || verb == "create") {
+		r.wait(2 * time.Second)
+		if verb == "create" {
+			return apierrors.NewAlreadyExists(gvr.GroupResource(), secretName)
+		}
+		return apierrors.NewConflict(gvr.GroupResource(), secretName, errors.New("soak: another replica wrote first"))
+	}
+	return nil
 }
 
 // snapshot returns the counts so far.
@@ -344,29 +392,36 @@ type podSecrets struct {
 }
 
 func (s podSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
-	s.c.count("get", "secrets")
+	if err := s.c.request("get", secretsGVR, s.ns); err != nil {
+		return nil, err
+	}
 	return s.SecretInterface.Get(ctx, name, opts)
 }
 
 func (s podSecrets) List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error) {
-	s.c.count("list", "secrets")
+	if err := s.c.request("list", secretsGVR, s.ns); err != nil {
+		return nil, err
+	}
 	return s.SecretInterface.List(ctx, opts)
 }
 
 func (s podSecrets) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	s.c.count("watch", "secrets")
+	if err := s.c.request("watch", secretsGVR, s.ns); err != nil {
+		return nil, err
+	}
 	return s.SecretInterface.Watch(ctx, opts)
 }
 
 func (s podSecrets) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*corev1.Secret, error) {
-	s.c.count("patch", "secrets")
+	if err := s.c.request("patch", secretsGVR, s.ns); err != nil {
+		return nil, err
+	}
 	return s.SecretInterface.Patch(ctx, name, pt, data, opts, sub...)
 }
 
 func (s podSecrets) Update(ctx context.Context, secret *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
-	s.c.count("update", "secrets")
-	if s.c.blockSecretWrites.Load() {
-		return nil, apierrors.NewConflict(secretsGVR.GroupResource(), secret.Name, errors.New("soak: another replica wrote first"))
+	if err := s.c.request("update", secretsGVR, s.ns); err != nil {
+		return nil, err
 	}
 	before := s.c.api.secret(s.ns, secret.Name)
 	out, err := s.SecretInterface.Update(ctx, secret, opts)
@@ -379,9 +434,8 @@ func (s podSecrets) Update(ctx context.Context, secret *corev1.Secret, opts meta
 }
 
 func (s podSecrets) Create(ctx context.Context, secret *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
-	s.c.count("create", "secrets")
-	if s.c.blockSecretWrites.Load() {
-		return nil, apierrors.NewAlreadyExists(secretsGVR.GroupResource(), secret.Name)
+	if err := s.c.request("create", secretsGVR, s.ns); err != nil {
+		return nil, err
 	}
 	out, err := s.SecretInterface.Create(ctx, secret, opts)
 	if err == nil && s.c.afterSecretWrite != nil {
@@ -398,41 +452,56 @@ type podCoordinationV1 struct {
 }
 
 func (p podCoordinationV1) Leases(ns string) coordinationv1client.LeaseInterface {
-	return podLeases{LeaseInterface: p.CoordinationV1Interface.Leases(ns), c: p.c}
+	return podLeases{LeaseInterface: p.CoordinationV1Interface.Leases(ns), c: p.c, ns: ns}
 }
+
+var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
 
 type podLeases struct {
 	coordinationv1client.LeaseInterface
-	c *podClient
+	c  *podClient
+	ns string
 }
 
 func (l podLeases) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
-	l.c.count("get", "leases")
+	if err := l.c.request("get", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.Get(ctx, name, opts)
 }
 
 func (l podLeases) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	l.c.count("list", "leases")
+	if err := l.c.request("list", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.List(ctx, opts)
 }
 
 func (l podLeases) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	l.c.count("watch", "leases")
+	if err := l.c.request("watch", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.Watch(ctx, opts)
 }
 
 func (l podLeases) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	l.c.count("create", "leases")
+	if err := l.c.request("create", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.Create(ctx, lease, opts)
 }
 
 func (l podLeases) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	l.c.count("update", "leases")
+	if err := l.c.request("update", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.Update(ctx, lease, opts)
 }
 
 func (l podLeases) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*coordinationv1.Lease, error) {
-	l.c.count("patch", "leases")
+	if err := l.c.request("patch", leasesGVR, l.ns); err != nil {
+		return nil, err
+	}
 	return l.LeaseInterface.Patch(ctx, name, pt, data, opts, sub...)
 }
 
@@ -452,32 +521,46 @@ type podWebhooks struct {
 
 const webhooksResource = "validatingwebhookconfigurations"
 
+var webhooksGVR = admissionregistrationv1.SchemeGroupVersion.WithResource(webhooksResource)
+
 func (v podWebhooks) Get(ctx context.Context, name string, opts metav1.GetOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	v.c.count("get", webhooksResource)
+	if err := v.c.request("get", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.Get(ctx, name, opts)
 }
 
 func (v podWebhooks) List(ctx context.Context, opts metav1.ListOptions) (*admissionregistrationv1.ValidatingWebhookConfigurationList, error) {
-	v.c.count("list", webhooksResource)
+	if err := v.c.request("list", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.List(ctx, opts)
 }
 
 func (v podWebhooks) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	v.c.count("watch", webhooksResource)
+	if err := v.c.request("watch", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.Watch(ctx, opts)
 }
 
 func (v podWebhooks) Update(ctx context.Context, obj *admissionregistrationv1.ValidatingWebhookConfiguration, opts metav1.UpdateOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	v.c.count("update", webhooksResource)
+	if err := v.c.request("update", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.Update(ctx, obj, opts)
 }
 
 func (v podWebhooks) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	v.c.count("patch", webhooksResource)
+	if err := v.c.request("patch", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.Patch(ctx, name, pt, data, opts, sub...)
 }
 
 func (v podWebhooks) Apply(ctx context.Context, obj *admissionregistrationv1ac.ValidatingWebhookConfigurationApplyConfiguration, opts metav1.ApplyOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	v.c.count("apply", webhooksResource)
+	if err := v.c.request("apply", webhooksGVR, ""); err != nil {
+		return nil, err
+	}
 	return v.ValidatingWebhookConfigurationInterface.Apply(ctx, obj, opts)
 }

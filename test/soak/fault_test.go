@@ -201,6 +201,9 @@ func faultScenarios() []scenario {
 		{name: "competing-writer", cycle: competingWriterCycle},
 		{name: "webhook-unwritable", cycle: webhookUnwritableCycle},
 
+		{name: "replica-cannot-read-secret", cycle: replicaBlindCycle,
+			knownIssue: "the successor signs as soon as a replica that could not read it announces it: that replica's own consumers get no propagation delay"},
+
 		{name: "secret-deleted", cycle: func(w *world, c int) {
 			if c%2 == 0 {
 				w.runTo(w.publishAt().Add(-2 * day)) // mid-life
@@ -402,6 +405,26 @@ func webhookUnwritableCycle(w *world, _ int) {
 	w.toPromoted()
 }
 
+// replicaBlindCycle takes the CA Secret away from one replica (403 on
+// Secrets for it alone; its Lease still works) from before the successor's
+// publication until a day after its minimum delay ended. The successor
+// must wait for that replica, and then still give the replica's own
+// consumers (a client holding its bundle) the minimum delay.
+func replicaBlindCycle(w *world, _ int) {
+	w.runTo(w.publishAt().Add(-time.Hour))
+	blind := w.live()[len(w.live())-1]
+	blind.client.fault.Store(&apiFault{name: "403", resources: []string{"secrets"}, err: func(a clienttesting.Action) error {
+		return apierrors.NewForbidden(a.GetResource().GroupResource(), secretName, errors.New("soak: this replica lost access to the CA Secret"))
+	}})
+	successor := w.toPublished()
+	w.runFor(w.p.pd + day)
+	st, _ := w.caState()
+	assert.False(w.t, st.signing.Equal(successor), "the successor signed before %s, which cannot read it, announced it", blind.name)
+	blind.client.fault.Store(nil)
+	w.advance(time.Minute) // the backoffs end
+	w.toPromoted()
+}
+
 func contestedCount(w *world) float64 {
 	return certmetricstest.Value(w.t, "evercert_cabundle_publish_total", map[string]string{"kind": "ValidatingWebhookConfiguration", "result": "contested"})
 }
@@ -419,11 +442,13 @@ func crashCycle(victims func(w *world) []*pod, kind string) func(w *world, c int
 			k, restartAfter = "publish", 2*day
 		}
 		armed := victims(w)
+		r := newRace()
+		w.race.Store(r)
 		for _, p := range w.live() {
 			if slices.Contains(armed, p) {
 				p.crashOn.Store(&k)
 			} else {
-				p.client.blockSecretWrites.Store(true)
+				p.client.loseRace.Store(r)
 			}
 		}
 		var crashed *pod
@@ -436,9 +461,10 @@ func crashCycle(victims func(w *world) []*pod, kind string) func(w *world, c int
 			}
 			return false
 		})
+		w.race.Store(nil)
 		for _, p := range w.live() {
 			p.crashOn.Store(nil)
-			p.client.blockSecretWrites.Store(false)
+			p.client.loseRace.Store(nil)
 		}
 		w.t.Logf("%s: %s crashed after its %s write at %s; restarting in %v", w.name, crashed.name, k, w.simTime(), restartAfter)
 		w.runFor(restartAfter)

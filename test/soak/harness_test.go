@@ -135,6 +135,9 @@ type world struct {
 	// control marks a negative control: failures are expected and
 	// counted, not reported.
 	control bool
+	// race, while set, makes some replicas lose their Secret writes to the
+	// others (podClient.loseRace).
+	race atomic.Pointer[race]
 	// The Secret's rotation state at the last step, for watchRotation.
 	lastSigning, lastNext *x509.Certificate
 	lastNextSince         time.Time
@@ -330,6 +333,9 @@ func (w *world) startPod(idx int) *pod {
 // write it was armed for: the Secret holds the write, the replica never
 // hears back, and never makes the leaf that would have followed.
 func (p *pod) afterSecretWrite(before, after *corev1.Secret) error {
+	if r := p.w.race.Load(); r != nil && p.client.loseRace.Load() == nil {
+		r.won() // the replicas that lose the race to this write learn so
+	}
 	kind := p.crashOn.Load()
 	if kind == nil || secretWriteKind(before, after) != *kind {
 		return nil
@@ -493,60 +499,16 @@ func (w *world) pollBundles() {
 // the quiet window. It fails the test after -soak.settle-timeout.
 func (w *world) settle() {
 	w.t.Helper()
-	began := time.Now()
-	deadline := began.Add(*settleTimeout)
-	zeroSteps, spinning, calls0 := 0, false, w.api.calls.Load()
-	var quietSince time.Time
-	last := int64(-1)
-	lastWhy := ""
-	defer func() {
-		if d := time.Since(began); d > time.Second {
-			w.t.Logf("%s at %s: settling took %v (last waiting for: %s)", w.name, w.simTime(), d.Round(time.Millisecond), lastWhy)
-		}
-	}()
-	for {
-		w.reapCrashed()
-		act := w.activityCount()
-		why := w.notSettled()
-		if why == "" && !spinning && w.sim.due() {
-			// A loop waits on a timer that is due now (a zero or negative
-			// wait): a real clock fires it at once, so does a zero step.
-			// A loop that keeps doing so spins at API latency on a real
-			// clock: a hot loop.
-			if zeroSteps++; zeroSteps > maxZeroSteps {
-				spinning = true
-				w.hotLoop(calls0)
-			} else {
-				w.sim.step(0)
-				quietSince, last = time.Time{}, -1
-				continue
-			}
-		}
-		if why != "" {
-			lastWhy = why
-		} else if act != last {
-			lastWhy = "activity"
-		}
-		switch {
-		case why != "" || act != last:
-			quietSince = time.Time{}
-		case quietSince.IsZero():
-			quietSince = time.Now()
-		case time.Since(quietSince) >= *quietWindow:
-			return
-		}
-		last = act
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s at %s: loops did not settle within %v: %s\nclock: %s\nAPI: %s", w.name, w.simTime(),
-				*settleTimeout, why, w.sim.describe(), w.api.verbs())
-		}
-		time.Sleep(500 * time.Microsecond)
-	}
+	calls0 := w.api.calls.Load()
+	settleLoops(w.t, settleSpec{
+		sim:        w.sim,
+		what:       func() string { return w.name + " at " + w.simTime() },
+		activity:   w.activityCount,
+		notSettled: func() string { w.reapCrashed(); return w.notSettled() },
+		hotLoop:    func() { w.hotLoop(calls0) },
+		describe:   func() string { return "API: " + w.api.verbs() },
+	})
 }
-
-// maxZeroSteps is how many due timers in a row one settle fires before it
-// calls the loops that re-arm them a hot loop.
-const maxZeroSteps = 100
 
 // hotLoop records loops that re-armed due timers maxZeroSteps times
 // within one instant, and lets them wait for the next step instead.
@@ -573,13 +535,10 @@ func (w *world) hotLoop(calls0 int64) {
 }
 
 func (w *world) activityCount() int64 {
-	return w.sim.ops.Load() + w.api.calls.Load() + w.activity.Load()
+	return w.api.calls.Load() + w.activity.Load()
 }
 
 func (w *world) notSettled() string {
-	if why := w.sim.busy(); why != "" {
-		return why
-	}
 	secret := w.api.secret(namespace, secretName)
 	faulty := w.api.fault.Load() != nil
 	for _, p := range w.live() {
@@ -587,7 +546,7 @@ func (w *world) notSettled() string {
 		if leaf == nil {
 			return p.name + ": authority has no leaf yet"
 		}
-		if !faulty && !p.client.blockSecretWrites.Load() && secret != nil && p.auth.LastError() == nil && !bytes.Equal(p.auth.CurrentCABundleContent(), secret.Data[dynamiccert.SecretCAKey]) {
+		if !faulty && p.client.fault.Load() == nil && p.client.loseRace.Load() == nil && secret != nil && p.auth.LastError() == nil && !bytes.Equal(p.auth.CurrentCABundleContent(), secret.Data[dynamiccert.SecretCAKey]) {
 			return p.name + ": authority bundle differs from the Secret's"
 		}
 		if fc := p.file.Current(); !w.fileBad && (fc == nil || !fc.Leaf.Equal(w.fileCur.Cert)) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -314,4 +315,89 @@ func (t *simTicker) Stop() {
 	delete(s.tickers, t)
 	s.ops.Add(1)
 	t.inner.Stop() // a no-op on the fake clock: its waiter stays, harmlessly
+}
+
+// settleSpec says what settleLoops waits for.
+type settleSpec struct {
+	sim *simClock
+	// what names the scenario and time in messages.
+	what func() string
+	// activity counts everything the loops do; settled means unchanged
+	// for the quiet window.
+	activity func() int64
+	// notSettled says what is not in its steady state yet, "" when all is.
+	notSettled func() string
+	// hotLoop is called once when loops keep re-arming due timers; they
+	// then wait for the next step.
+	hotLoop func()
+	// describe adds context to a timeout.
+	describe func() string
+}
+
+// maxZeroSteps is how many due timers in a row one settle fires before it
+// calls the loops that re-arm them a hot loop.
+const maxZeroSteps = 100
+
+// settleLoops waits until every loop on s.sim waits on the clock again,
+// nothing else is pending and nothing happened for -soak.quiet. It fires
+// timers that are already due (a real clock would), and fails the test
+// after -soak.settle-timeout of real time.
+func settleLoops(t testing.TB, s settleSpec) {
+	t.Helper()
+	began := time.Now()
+	deadline := began.Add(*settleTimeout)
+	zeroSteps, spinning := 0, false
+	var quietSince time.Time
+	last := int64(-1)
+	lastWhy := ""
+	defer func() {
+		if d := time.Since(began); d > time.Second {
+			t.Logf("%s: settling took %v (last waiting for: %s)", s.what(), d.Round(time.Millisecond), lastWhy)
+		}
+	}()
+	for {
+		act := s.activity() + s.sim.ops.Load()
+		why := s.notSettled() // first: it may stop crashed loops
+		if why == "" {
+			why = s.sim.busy()
+		}
+		if why == "" && !spinning && s.sim.due() {
+			// A loop waits on a timer that is due now (a zero or negative
+			// wait): a real clock fires it at once, so does a zero step.
+			// A loop that keeps doing so spins on a real clock: a hot
+			// loop.
+			if zeroSteps++; zeroSteps > maxZeroSteps {
+				spinning = true
+				if s.hotLoop != nil {
+					s.hotLoop()
+				}
+			} else {
+				s.sim.step(0)
+				quietSince, last = time.Time{}, -1
+				continue
+			}
+		}
+		if why != "" {
+			lastWhy = why
+		} else if act != last {
+			lastWhy = "activity"
+		}
+		switch {
+		case why != "" || act != last:
+			quietSince = time.Time{}
+		case quietSince.IsZero():
+			quietSince = time.Now()
+		case time.Since(quietSince) >= *quietWindow:
+			return
+		}
+		last = act
+		if time.Now().After(deadline) {
+			extra := ""
+			if s.describe != nil {
+				extra = "\n" + s.describe()
+			}
+			t.Fatalf("%s: loops did not settle within %v: %s\nclock: %s%s", s.what(), *settleTimeout, why, s.sim.describe(), extra)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
 }

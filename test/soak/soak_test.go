@@ -10,6 +10,7 @@ package soak
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"net"
@@ -26,8 +27,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -90,60 +89,119 @@ func (r *report) finish(t *testing.T) {
 }
 
 // TestSoakSimulatedYears drives every provider through *years of simulated
-// time on a fake clock, in one-day steps, with lifetimes of days. After each
-// step a bounded pool of real TLS clients, whose clock is the fake clock,
-// handshakes with every name; they trust the CA bundles as they were one
-// step earlier, as a client refreshing its bundle daily would.
+// time on a fake clock, in one-day steps, with lifetimes of days. Every
+// provider and the sni controller run their own Run loops; after each step
+// the test waits until every loop waits on the clock again. Then a bounded
+// pool of real TLS clients, whose clock is the fake clock, handshakes with
+// every name; they trust the CA bundles as they were one step earlier, as a
+// client refreshing its bundle daily would.
 func TestSoakSimulatedYears(t *testing.T) {
 	// x/net/http2 keeps each closed client connection's health-check timer
 	// alive for 30 s; at this churn that is tens of MiB of garbage that is
 	// not ours and would hide a real leak in the heap numbers.
 	t.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "0")
 	rep := newReport("simulated")
-	ctx := context.Background()
-	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx, cancel := context.WithCancel(context.Background())
+	sim := newSimClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	clk := sim.view("clients", 0, false) // read only: the clients' and the controller's time
+	var activity atomic.Int64
 
 	selfSigned := func(name, host string, lifetime time.Duration) *dynamiccert.SelfSigned {
-		p, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: clk})
+		p, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: sim.view(name, 0, true)})
 		require.NoError(t, err)
 		return p
 	}
 	serving := selfSigned("soak-serving", "localhost", 3*day)
 	short := selfSigned("soak-short", "short.test", 36*time.Hour)
 	daily := selfSigned("soak-daily", "daily.test", 30*time.Hour)
+	api := newFakeAPI()
 	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
-		Name: "soak-authority", Namespace: "ns", SecretName: "ca", Client: fake.NewClientset(),
-		Hosts: []string{"webhook.test"}, Lifetime: 4 * day, Clock: clk,
+		Name: "soak-authority", Namespace: "ns", SecretName: "ca", Client: api.cs,
+		Hosts: []string{"webhook.test"}, Lifetime: 4 * day, Clock: sim.view("soak-authority", 0, true),
 	})
 	require.NoError(t, err)
-	require.NoError(t, authority.RunOnce(ctx))
 
 	// A file pair rewritten by the test every five days, as a cert-manager
-	// issued Secret volume would be.
+	// issued Secret volume would be (each file by rename, as the kubelet
+	// does).
 	dir := t.TempDir()
 	fileCA, err := pki.NewCA(pki.Request{CommonName: "file-ca", Now: clk.Now(), Lifetime: time.Duration(*years+1) * 366 * day})
 	require.NoError(t, err)
+	var fileLeaf *x509.Certificate
 	writePair := func() {
 		leaf, err := pki.IssueLeaf(fileCA, pki.Request{CommonName: "file.test", DNSNames: []string{"file.test"}, Now: clk.Now(), Lifetime: 10 * day})
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.key"), leaf.KeyPEM, 0o600))
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.crt"), leaf.CertPEM, 0o600))
+		for name, data := range map[string][]byte{"tls.key": leaf.KeyPEM, "tls.crt": leaf.CertPEM} {
+			path := filepath.Join(dir, name)
+			require.NoError(t, os.WriteFile(path+".tmp", data, 0o600))
+			require.NoError(t, os.Rename(path+".tmp", path))
+		}
+		fileLeaf = leaf.Cert
 	}
 	writePair()
 	files, err := dynamiccert.NewFileCertKey(dynamiccert.FileCertKeyConfig{
-		Name: "soak-file", CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), Clock: clk,
+		Name: "soak-file", CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), Clock: sim.view("soak-file", 0, false),
 	})
 	require.NoError(t, err)
-	require.NoError(t, files.RunOnce(ctx))
 
-	lb, err := loopback.New(loopback.Options{Validity: 2 * day, Clock: clk})
+	lb, err := loopback.New(loopback.Options{Validity: 2 * day, Clock: sim.view(loopback.ProviderName, 0, true)})
 	require.NoError(t, err)
 
-	runners := []dynamiccertificates.ControllerRunner{serving, short, daily, authority, files, lb}
 	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving,
 		[]dynamiccertificates.SNICertKeyContentProvider{lb, short, daily, authority, files}, sni.WithClock(clk))
-	require.NoError(t, ctrl.RunOnce(ctx))
+	leaves := map[string]func() *x509.Certificate{
+		serving.Name(): serving.Leaf, short.Name(): short.Leaf, daily.Name(): daily.Leaf,
+		authority.Name(): authority.Leaf, lb.Name(): lb.Leaf,
+		files.Name(): func() *x509.Certificate {
+			if c := files.Current(); c != nil {
+				return c.Leaf
+			}
+			return nil
+		},
+	}
+	for _, p := range []dynamiccertificates.Notifier{serving, short, daily, authority, files, lb, ctrl} {
+		p.AddListener(activityListener{&activity})
+	}
+	var wg sync.WaitGroup
+	for _, r := range []dynamiccertificates.ControllerRunner{serving, short, daily, authority, files, lb, ctrl} {
+		wg.Go(func() { r.Run(ctx, 1) })
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	addr := serveHTTPS(t, ctrl)
+
+	// settle waits until every loop waits on the clock again and the
+	// controller serves every provider's current certificate.
+	settle := func() {
+		t.Helper()
+		settleLoops(t, settleSpec{
+			sim:      sim,
+			what:     func() string { return "simulated at " + clk.Now().Format(time.RFC3339) },
+			activity: func() int64 { return activity.Load() + api.calls.Load() },
+			notSettled: func() string {
+				if c := files.Current(); c == nil || !c.Leaf.Equal(fileLeaf) {
+					return "the file provider has not loaded the files yet"
+				}
+				served := map[string]string{}
+				for _, s := range ctrl.Served() {
+					served[s.Provider] = s.Serial
+				}
+				for name, leaf := range leaves {
+					c := leaf()
+					if c == nil {
+						return name + " has no certificate yet"
+					}
+					if served[name] != c.SerialNumber.Text(16) {
+						return "the controller does not serve " + name + "'s current certificate yet"
+					}
+				}
+				return ""
+			},
+			hotLoop: func() {
+				t.Errorf("at %s: a loop spins on timers that are already due: %v", clk.Now().Format(time.RFC3339), sim.dueOwners())
+			},
+		})
+	}
+	settle()
 
 	// The loopback client is built once and must work through every
 	// rotation of the loopback certificate.
@@ -206,21 +264,19 @@ func TestSoakSimulatedYears(t *testing.T) {
 		switch step {
 		case steps / 3:
 			// A machine suspended for 200 days wakes up.
-			clk.Step(200 * day)
+			sim.step(200 * day)
 			jumped = true
 		case 2 * steps / 3:
 			// NTP steps the clock back a minute.
-			clk.Step(-time.Minute)
+			sim.step(-time.Minute)
 		default:
-			clk.Step(day)
+			sim.step(day)
 		}
 		if step%5 == 0 || jumped {
 			writePair()
 		}
-		for _, r := range runners {
-			require.NoError(t, r.RunOnce(ctx))
-		}
-		require.NoError(t, ctrl.RunOnce(ctx))
+		settle()
+		api.cs.ClearActions() // the fake clientset records every request
 		if jumped {
 			// Nothing issued before the jump is still valid: clients must
 			// fetch the new bundles, as they would after any outage.
