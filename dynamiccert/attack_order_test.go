@@ -172,3 +172,35 @@ func TestAttackConcurrentReadersAndOrder(t *testing.T) {
 		t.Fatalf("goroutines: baseline %d, now %d:\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// TestAttackFlappingObserverCostsNoAPICalls: an observer that notifies
+// over and over (a contested caBundle target flipping back and forth) while
+// no successor waits for it. Its word matters only to a waiting successor;
+// each notification cost the Authority a Secret GET (994 GETs for 1000
+// flips, with the clock stopped).
+func TestAttackFlappingObserverCostsNoAPICalls(t *testing.T) {
+	client := fake.NewClientset()
+	gets := interceptSecrets(client, "get", nil)
+	clk := clocktesting.NewFakeClock(testNow)
+	flap := &flappingObserver{}
+	a := attackAuthority(t, client, clk, "attack-flap", func(c *AuthorityConfig) { c.Observers = []Observer{flap} })
+	runInBackground(t, a.Run)
+	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	waitBlocked(t, clk)
+	before := gets.n.Load()
+	for range 1000 {
+		flap.flip()
+		time.Sleep(20 * time.Microsecond) // let the loop take kicks; not a timing assertion
+	}
+	kickAndWait(t, a.issuer)
+	assert.LessOrEqual(t, gets.n.Load()-before, int64(2), "Secret GETs for notifications nobody waits for")
+
+	// While a successor waits, a confirmation still promotes at once.
+	flap.ok.Store(false)
+	succ := runToSuccessor(t, a, clk)
+	clk.Step(succ.SignsNoEarlierThan.Sub(clk.Now()))
+	waitBlocked(t, clk)
+	require.NotNil(t, a.Status().Successor)
+	flap.flip()
+	waitFor(t, "promotion on the observer's word", func() bool { return a.Status().Successor == nil })
+}

@@ -102,9 +102,25 @@ func (i *issuer) addObserver(o Observer) {
 	i.observers = append(i.observers, o)
 	i.obsMu.Unlock()
 	if n, ok := o.(dynamiccertificates.Notifier); ok {
-		n.AddListener(i)
+		n.AddListener(observerListener{i})
 	}
 	i.Enqueue()
+}
+
+// observerListener re-checks on an observer's notification only while a
+// successor waits: an observer's word matters to nothing else, and a
+// chatty one (a contested caBundle target) would otherwise cost a check,
+// for an Authority a Secret GET, per notification. The periodic check
+// still refreshes what this replica announces.
+type observerListener struct{ i *issuer }
+
+func (l observerListener) Enqueue() {
+	l.i.mu.RLock()
+	waiting := l.i.cas.next != nil
+	l.i.mu.RUnlock()
+	if waiting {
+		l.i.Enqueue()
+	}
 }
 
 // Enqueue implements dynamiccertificates.Listener: it asks the Run loop to

@@ -15,9 +15,10 @@ import (
 // package documentation).
 //
 // An Observer that also implements dynamiccertificates.Notifier is watched:
-// the issuer registers itself as a listener and re-checks at once when the
-// observer notifies, so a confirmation promotes the successor promptly
-// instead of at the next periodic check.
+// the issuer registers itself as a listener and, while a successor waits,
+// re-checks at once when the observer notifies, so a confirmation promotes
+// the successor promptly instead of at the next periodic check.
+// Notifications while no successor waits cost nothing.
 type Observer interface {
 	// Name identifies the observer in status, health output, logs and
 	// metrics, e.g. "cabundle" or "ca-bundle-file".
