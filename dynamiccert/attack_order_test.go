@@ -204,3 +204,32 @@ func TestAttackFlappingObserverCostsNoAPICalls(t *testing.T) {
 	flap.flip()
 	waitFor(t, "promotion on the observer's word", func() bool { return a.Status().Successor == nil })
 }
+
+// TestAttackAddObserverAfterPublication: an observer added while a
+// successor already waits (a caBundle publisher started late) is waited
+// for from then on; the successor does not sign on the strength of the
+// observers that were there before.
+func TestAttackAddObserverAfterPublication(t *testing.T) {
+	clk := clocktesting.NewFakeClock(testNow)
+	s, err := NewSelfSigned(SelfSignedConfig{Name: "attack-late-observer", Lifetime: time.Hour, Clock: clk})
+	require.NoError(t, err)
+	runInBackground(t, s.Run)
+	waitBlocked(t, clk)
+	for s.Status().Successor == nil {
+		clk.Step(time.Minute)
+		waitBlocked(t, clk)
+	}
+	succ := s.Status().Successor
+	late := &testObserver{}
+	s.AddObserver(late)
+	waitBlocked(t, clk)
+	for clk.Now().Before(succ.SignsNoEarlierThan.Add(10 * time.Minute)) {
+		clk.Step(time.Minute)
+		waitBlocked(t, clk)
+		require.NotNil(t, s.Status().Successor, "signed without the observer added after publication")
+	}
+	assert.Equal(t, []string{"test-observer"}, s.Status().Successor.Pending)
+	late.set(true)
+	waitFor(t, "promotion", func() bool { return s.Status().Successor == nil })
+	assert.Equal(t, succ.Serial, s.Status().Signing.Serial)
+}
