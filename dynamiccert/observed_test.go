@@ -360,3 +360,42 @@ func TestAuthoritySkewDoesNotShortenDelay(t *testing.T) {
 		assert.Zero(t, a.Status().UnsafeRotations)
 	}
 }
+
+// TestAuthorityLeafValidOnItsOwnClock: replicas at −30 min and +30 min
+// with a 45-minute tolerance (found by the e2e: a spread beyond the
+// tolerance). The fast replica's successor is not yet valid on the slow
+// replica's clock when it is promoted; the slow replica must keep serving
+// a leaf that is valid on its own clock, never one its TLS stack rejects.
+func TestAuthorityLeafValidOnItsOwnClock(t *testing.T) {
+	client := fake.NewClientset()
+	base := clocktesting.NewFakeClock(testNow)
+	start := func(i int, offset time.Duration) (*Authority, offsetClock) {
+		clk := offsetClock{base, offset}
+		a, err := NewAuthority(AuthorityConfig{
+			Name: fmt.Sprintf("own-clock-%d", i), Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: fmt.Sprint(i),
+			Hosts: []string{"localhost"}, Lifetime: 6 * time.Hour, PropagationDelay: 5 * time.Minute, SkewTolerance: 45 * time.Minute,
+			Clock: clk, DisableReplicaAnnouncements: true,
+		})
+		require.NoError(t, err)
+		runInBackground(t, a.Run)
+		waitFor(t, "replica to serve", func() bool { return a.Leaf() != nil })
+		return a, clk
+	}
+	slow, slowClk := start(0, -30*time.Minute)
+	fast, _ := start(1, 30*time.Minute)
+	first := fast.Status().Signing.Serial
+	for fast.Status().Signing.Serial == first || slow.Status().Signing.Serial == first {
+		base.Step(time.Minute)
+		time.Sleep(time.Millisecond) // let the loops run; not a timing assertion
+		leaf := slow.Leaf()
+		require.False(t, slowClk.Now().Before(leaf.NotBefore), "the slow replica serves a leaf that is not valid yet on its own clock (NotBefore %v, now %v)", leaf.NotBefore, slowClk.Now())
+	}
+	waitFor(t, "the slow replica to move to the successor once it is valid on its clock", func() bool {
+		base.Step(time.Minute)
+		time.Sleep(time.Millisecond)
+		leaf := slow.Leaf()
+		require.False(t, slowClk.Now().Before(leaf.NotBefore))
+		return leaf.CheckSignatureFrom(mustParseBundle(t, fast.CurrentCABundleContent())[len(mustParseBundle(t, fast.CurrentCABundleContent()))-1]) == nil
+	})
+	assert.Zero(t, slow.Status().UnsafeRotations)
+}

@@ -146,6 +146,15 @@ func (r rotation) backdate() time.Duration { return max(r.skew, pki.ClockSkew) }
 // of expiry. A leaf capped at its CA's expiry cannot get longer by re-signing
 // with the same CA, so only a CA change renews it and this never spins.
 func (r rotation) leafDue(leaf *pki.Issued, signedBy []byte, cs *caSet, now time.Time) bool {
+	if leaf != nil && now.Before(cs.signing.Cert.NotBefore) && !now.Before(leaf.Cert.NotBefore) && now.Before(leaf.Cert.NotAfter) {
+		// The signing CA is accepted within the skew tolerance but is not
+		// valid yet on this clock (a replica whose clock is ahead made
+		// it): a leaf signed now would not be valid here either, and this
+		// process would serve and announce a leaf its own TLS stack
+		// rejects. Keep the current, valid leaf until the CA is valid;
+		// nextDeadline wakes up then.
+		return false
+	}
 	switch {
 	case leaf == nil, !bytes.Equal(signedBy, cs.signing.Cert.Raw), now.Add(r.skew).Before(leaf.Cert.NotBefore):
 		return true
@@ -170,6 +179,9 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
+	}
+	if cs.signing.Cert.NotBefore.After(now) {
+		next = earliest(next, cs.signing.Cert.NotBefore) // see leafDue
 	}
 	return next
 }
