@@ -37,7 +37,10 @@ package dynamiccert
 //     - for an Authority, every live replica: each replica announces in a
 //     coordination.k8s.io/v1 Lease (label evercert.io/authority=<Secret
 //     name>) the fingerprints of the CAs it has loaded and its own
-//     observers confirmed, the hash of its bundle and its leaf serial. A
+//     observers confirmed (a successor only once the minimum delay has
+//     passed since that replica first saw it, so a replica that saw it
+//     late gives its own consumers the full delay too), the hash of its
+//     bundle and its leaf serial. A
 //     replica whose Lease has not been seen renewed for its lease duration
 //     is not waited for. Liveness is judged by when a renewal was seen on
 //     the observer's clock, never by the writer's timestamps, and time

@@ -270,6 +270,12 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 	if i.replicas != nil {
 		var trusted []string
 		for _, c := range st.bundle {
+			if st.next != nil && c.Equal(st.next.Cert) && now.Before(i.sched.signsNoEarlierThan(st)) {
+				// Not before its minimum delay on this replica: the consumers
+				// of this replica's bundle that evercert cannot see need as
+				// long as anyone's, even if it arrived here late.
+				continue
+			}
 			if i.locallyObserved(c) {
 				trusted = append(trusted, Fingerprint(c))
 			}

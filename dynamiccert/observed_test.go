@@ -235,16 +235,17 @@ func TestAuthorityWaitsForLiveReplicas(t *testing.T) {
 		step()
 	}
 	succ := a.Status().Successor
-	waitFor(t, "own lease to announce the successor", func() bool {
-		l, err := leases.Get(context.Background(), "ca-a", metav1.GetOptions{})
-		return err == nil && bytes.Contains([]byte(l.Annotations[AuthorityTrustedCAsAnnotation]), []byte(succ.Fingerprint))
-	})
 	for clk.Now().Before(succ.SignsNoEarlierThan.Add(5 * time.Minute)) {
 		step()
 		st := a.Status()
 		require.NotNil(t, st.Successor, "promoted while a live replica does not have the successor")
 		require.Contains(t, st.Successor.Pending, "replica/stuck")
 	}
+	// A replica announces a successor once its own minimum delay is over.
+	waitFor(t, "own lease to announce the successor", func() bool {
+		l, err := leases.Get(context.Background(), "ca-a", metav1.GetOptions{})
+		return err == nil && bytes.Contains([]byte(l.Annotations[AuthorityTrustedCAsAnnotation]), []byte(succ.Fingerprint))
+	})
 	waitFor(t, "only the stuck replica to be pending", func() bool {
 		st := a.Status()
 		return st.Successor != nil && len(st.Successor.Pending) == 1 && st.Successor.Pending[0] == "replica/stuck"

@@ -37,7 +37,8 @@ const (
 	AuthorityLeaseLabel = "evercert.io/authority"
 	// AuthorityTrustedCAsAnnotation lists the Fingerprints of the CAs the
 	// replica has loaded and its own observers have confirmed, comma
-	// separated.
+	// separated; a successor only once its minimum delay has passed since
+	// this replica first saw it.
 	AuthorityTrustedCAsAnnotation = "evercert.io/trusted-cas"
 	// AuthorityBundleHashAnnotation is the SHA-256 (hex) of the ca.crt
 	// bundle the replica has loaded.
