@@ -3,6 +3,7 @@
 package soak
 
 import (
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,14 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"errors"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
@@ -57,14 +55,18 @@ func TestSoakFaults(t *testing.T) {
 	cycles := *cyclesFlag
 	if cycles <= 0 {
 		// Enough cycles for -soak.years of simulated time in all.
+		running := 0
+		for _, sc := range scenarios {
+			if sc.knownIssue == "" || *knownIssues {
+				running++
+			}
+		}
 		perCycle := defaultParams().ca
-		cycles = max(1, int(math.Ceil(float64(*years)*365*float64(day)/(float64(len(scenarios))*float64(perCycle)))))
+		cycles = max(1, int(math.Ceil(float64(*years)*365*float64(day)/(float64(running)*float64(perCycle)))))
 	}
 	var tot totals
 	for _, sc := range scenarios {
-		if !t.Run(sc.name, func(t *testing.T) { runScenario(t, sc, cycles, &tot) }) && testing.Short() {
-			break
-		}
+		t.Run(sc.name, func(t *testing.T) { runScenario(t, sc, cycles, &tot) })
 	}
 	t.Logf("soak report faults: %d scenarios x %d cycles, simulated %s (%.1f years), rotations %.0f, handshakes %d, API calls %d, unsafe rotations %.0f, hot loops %d, failures %d",
 		len(scenarios), cycles, formatDuration(tot.simulated), tot.simulated.Hours()/24/365, tot.rotations, tot.handshakes, tot.calls, tot.unsafe, tot.hotLoops, tot.failures)
@@ -188,6 +190,15 @@ func faultScenarios() []scenario {
 			}
 			w.toPromoted()
 		}},
+
+		{name: "skew-default-tolerance", params: func(p *params) {
+			p.offsets = []time.Duration{-time.Hour, 0, time.Hour}
+			p.startFirst = []int{2}
+		}, cycle: func(w *world, _ int) {
+			w.toPublished()
+			w.toPromoted()
+		}, knownIssue: "with the default skew tolerance (1 h) and replicas at -1 h and +1 h, the first CA, made by the replica ahead, " +
+			"is not yet valid for the replica behind, whose sni controller refuses its own leaf for an hour"},
 
 		// API faults, around the successor's publication (even cycles) and
 		// around its promotion (odd cycles).
