@@ -212,8 +212,7 @@ func faultScenarios() []scenario {
 		{name: "competing-writer", cycle: competingWriterCycle},
 		{name: "webhook-unwritable", cycle: webhookUnwritableCycle},
 
-		{name: "replica-cannot-read-secret", cycle: replicaBlindCycle,
-			knownIssue: "the successor signs as soon as a replica that could not read it announces it: that replica's own consumers get no propagation delay"},
+		{name: "replica-cannot-read-secret", cycle: replicaBlindCycle},
 
 		{name: "secret-deleted", cycle: func(w *world, c int) {
 			if c%2 == 0 {
