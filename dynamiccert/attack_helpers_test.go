@@ -66,6 +66,21 @@ func optimistic(client *fake.Clientset) {
 			obj.SetResourceVersion(fmt.Sprint(rv.Add(1)))
 			return false, nil, nil
 		})
+		client.PrependReactor("delete", r.resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+			d := action.(clienttesting.DeleteAction)
+			want := d.GetDeleteOptions().Preconditions
+			if want == nil || want.ResourceVersion == nil {
+				return false, nil, nil
+			}
+			stored, err := client.Tracker().Get(r.gvr, d.GetNamespace(), d.GetName())
+			if err != nil {
+				return false, nil, nil
+			}
+			if cur := stored.(metav1.Object).GetResourceVersion(); *want.ResourceVersion != cur {
+				return true, nil, apierrors.NewConflict(r.gr, d.GetName(), fmt.Errorf("precondition resourceVersion %q is not %q", *want.ResourceVersion, cur))
+			}
+			return false, nil, nil
+		})
 	}
 }
 
