@@ -60,11 +60,15 @@ package dynamiccert
 //
 // After a pause (a suspended VM, every replica down) the observed CA keeps
 // signing while it is valid, and its leaves are capped at its NotAfter; the
-// successor is published at wake-up and observed as usual. Only when no
-// observed CA is valid any more does a CA sign before it was observed: the
-// published successor if it is still valid, or else a fresh CA. That is an
-// unsafe rotation: clients that did not refresh their trust fail until they
-// do. It is counted in Status().UnsafeRotations and
+// successor is published at wake-up and observed as usual. When the signing
+// CA is no longer valid there is no choice left: the published successor
+// signs if it is still valid, or else a fresh CA. That is an unsafe rotation
+// when clients cannot have it: a fresh CA, or a successor whose minimum
+// delay has not passed on this process or that this process's own
+// observers do not hold (other replicas' announcements are not asked: after
+// a pause they are stale until renewed). After an unsafe rotation, clients
+// that did not refresh their trust fail until they do. It is counted in
+// Status().UnsafeRotations and
 // evercert_unsafe_rotations_total{provider}, logged at error level, and sent
 // as a Warning Event (reason UnsafeCARotation) when an EventRecorder is
 // configured.

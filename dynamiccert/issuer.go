@@ -214,7 +214,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	now := i.cfg.clock.Now()
 	var unsafe bool
 	st, err := i.store.update(ctx, func(cs *caSet) (bool, error) {
-		changed, u, err := i.sched.advance(cs, now, i.observed)
+		changed, u, err := i.sched.advance(cs, now, observation{all: i.observed, local: i.locallyObserved})
 		unsafe = u
 		return changed, err
 	})

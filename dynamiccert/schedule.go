@@ -61,7 +61,7 @@ func (cs *caSet) clone() caSet {
 // leaves are capped at its NotAfter. Only when it is no longer valid does a
 // successor sign unobserved, or, with no valid successor, a fresh CA: an
 // unsafe rotation. The very first CA is not one: nobody trusts anything yet.
-func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certificate) bool) (changed, unsafe bool, err error) {
+func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, unsafe bool, err error) {
 	if cs.next != nil && !now.Before(cs.next.Cert.NotAfter) {
 		cs.next, changed = nil, true // expired before it ever signed
 	}
@@ -75,7 +75,11 @@ func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certific
 		klog.InfoS("Created signing CA", "provider", r.name, "ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter.UTC())
 	case cs.signing == nil || !r.valid(cs.signing.Cert, now):
 		if cs.next != nil && r.valid(cs.next.Cert, now) {
-			unsafe = !r.promotable(cs, now, observed)
+			// No choice is left; the question is only whether clients can
+			// have it: its minimum delay passed here and this process's
+			// own observers hold it. Other replicas' announcements are not
+			// asked: after a pause they are stale until renewed.
+			unsafe = now.Before(r.signsNoEarlierThan(cs)) || !obs.local(cs.next.Cert)
 			cs.signing, cs.next, changed = cs.next, nil, true
 		} else {
 			ca, err := r.newCA(now)
@@ -96,7 +100,7 @@ func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certific
 			klog.InfoS("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
-		if cs.next != nil && r.promotable(cs, now, observed) {
+		if cs.next != nil && r.promotable(cs, now, obs.all) {
 			cs.signing, cs.next, changed = cs.next, nil, true
 			klog.InfoS("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
@@ -111,6 +115,16 @@ func (r rotation) advance(cs *caSet, now time.Time, observed func(*x509.Certific
 		cs.bundle, changed = kept, true
 	}
 	return changed, unsafe, nil
+}
+
+// observation is what advance asks of the observers.
+type observation struct {
+	// all: every observer and every live replica confirmed the CA; needed
+	// to promote a successor while the signing CA is still valid.
+	all func(*x509.Certificate) bool
+	// local: this process's own observers confirmed it; enough to call a
+	// promotion forced by the signing CA's end safe.
+	local func(*x509.Certificate) bool
 }
 
 // promotable reports whether the successor may sign: its minimum delay has
