@@ -139,12 +139,7 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	// Woken from a pause before the run loop noticed it: renewals that
-	// happened meanwhile have not been seen yet.
-	var unseen time.Duration
-	if !r.awakeUntil.IsZero() {
-		unseen = max(0, now.Sub(r.awakeUntil))
-	}
+	unseen := r.unseenLocked(now)
 	var out []string
 	for _, l := range r.seen {
 		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) {
@@ -177,9 +172,7 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 			r.collect(ctx)
 		}
 		t := r.clock.NewTimer(wait)
-		r.mu.Lock()
-		r.awakeUntil = r.clock.Now().Add(wait)
-		r.mu.Unlock()
+		r.asleep(wait)
 		change := r.wantChange
 		if err != nil {
 			change = nil // back off even if the announcement changes
@@ -196,6 +189,17 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 	}
 }
 
+// unseenLocked is how long this process has not been watching as of now,
+// because it was paused (or its clock jumped) and the run loop has not
+// noticed yet: renewals that happened meanwhile have not been seen. r.mu
+// must be held.
+func (r *replicaSet) unseenLocked(now time.Time) time.Duration {
+	if r.awakeUntil.IsZero() {
+		return 0
+	}
+	return max(0, now.Sub(r.awakeUntil))
+}
+
 // woke records that the run loop is awake. If it woke late, this process
 // was paused (or its clock jumped) for that long and saw no renewals
 // meanwhile: that time does not count towards any Lease's expiry, so a
@@ -205,12 +209,28 @@ func (r *replicaSet) woke() {
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if late := now.Sub(r.awakeUntil); late > 0 && !r.awakeUntil.IsZero() {
+	r.catchUpLocked(now)
+	r.awakeUntil = now
+}
+
+// asleep records that the run loop sleeps for wait. A pause while it
+// worked counts like one while it slept.
+func (r *replicaSet) asleep(wait time.Duration) {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.catchUpLocked(now)
+	r.awakeUntil = now.Add(wait)
+}
+
+// catchUpLocked moves every Lease's observation forward by the time not
+// spent watching. r.mu must be held.
+func (r *replicaSet) catchUpLocked(now time.Time) {
+	if unseen := r.unseenLocked(now); unseen > 0 {
 		for _, l := range r.seen {
-			l.observedAt = earliest(l.observedAt.Add(late), now)
+			l.observedAt = earliest(l.observedAt.Add(unseen), now)
 		}
 	}
-	r.awakeUntil = now
 }
 
 // leaseGCAfter is how many of its lease durations a replica's Lease goes
@@ -229,11 +249,12 @@ func (r *replicaSet) collect(ctx context.Context) {
 	type gone struct{ name, version string }
 	var dead []gone
 	r.mu.Lock()
+	unseen := r.unseenLocked(now)
 	for name, l := range r.seen {
 		switch {
-		case l.deleted && !now.Before(l.observedAt.Add(l.duration)):
+		case l.deleted && !now.Before(l.observedAt.Add(l.duration+unseen)):
 			delete(r.seen, name) // gone, and no longer waited for
-		case !l.deleted && !r.collectForbidden && name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration)):
+		case !l.deleted && !r.collectForbidden && name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration+unseen)):
 			dead = append(dead, gone{name, l.version})
 		}
 	}
