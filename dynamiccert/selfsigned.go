@@ -73,8 +73,9 @@ type SelfSignedConfig struct {
 	// SkewTolerance is the clock skew tolerated between this process, its
 	// clients and (for an Authority) other replicas: certificates are
 	// backdated by it, and a CA not yet valid by less than it is accepted.
-	// Default one hour, or RenewBefore/4 when that is shorter. It must be
-	// shorter than the CA lifetime.
+	// It must cover the largest disagreement between any two of them:
+	// replicas at -1h and +1h need 2h. Default one hour, or RenewBefore/4
+	// when that is shorter. It must be shorter than the CA lifetime.
 	SkewTolerance time.Duration
 	// Observers confirm that a published successor CA has reached the
 	// consumers they stand for; it signs only once all have (see Observer
