@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -11,9 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -28,36 +24,10 @@ import (
 	"github.com/evercert/evercert/internal/proctest"
 )
 
-// exitGuard is how long a webhook that should fail at start-up may run
-// before the test gives up: generous, it guards against a hang.
-const exitGuard = 30 * time.Second
-
-// runToExit runs bin with args and returns its exit code and combined
-// output. A process still running after exitGuard is killed by pid and the
-// test fails.
+// runToExit runs bin with args until it exits (internal/proctest).
 func runToExit(t *testing.T, bin string, args ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode(), out.String()
-		}
-		require.NoError(t, err)
-		return 0, out.String()
-	case <-time.After(exitGuard):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("%s %v still running %v after start (killed); output:\n%s", filepath.Base(bin), args, exitGuard, out.String())
-		return 0, ""
-	}
+	return proctest.RunToExit(t, exec.Command(bin, args...))
 }
 
 // fakeSecretAPI is just enough of a kube-apiserver for the webhook's

@@ -4,6 +4,8 @@ package proctest
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -117,4 +119,59 @@ func Start(t testing.TB, bin string, ready *regexp.Regexp, args ...string) (*Pro
 		t.Fatalf("%s not ready within 60s\n%s", filepath.Base(bin), p.Output())
 	}
 	return p, ""
+}
+
+// ExitGuard is how long RunToExit lets a process run that should exit by
+// itself (a start-up error, --help): generous, it only guards against a
+// hang.
+const ExitGuard = time.Minute
+
+// RunToExit starts cmd (prepared by the caller: args, Env, Dir), waits for
+// it to exit, and returns its exit code and combined output. A process still
+// running after ExitGuard is killed and the test fails. The process dies
+// with the test process (Pdeathsig).
+func RunToExit(t testing.TB, cmd *exec.Cmd) (int, string) {
+	t.Helper()
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", filepath.Base(cmd.Path), err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), out.String()
+		}
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", filepath.Base(cmd.Path), err)
+		}
+		return 0, out.String()
+	case <-time.After(ExitGuard):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("%s %v still running %v after start (killed); output:\n%s", filepath.Base(cmd.Path), cmd.Args[1:], ExitGuard, out.String())
+		return 0, ""
+	}
+}
+
+// lockedBuffer is an output buffer a process writes while the test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/proctest"
 )
 
 // Generous guards against hangs; nothing asserts on time.
@@ -232,34 +233,14 @@ func (p *serverProc) waitForOutput(substr string) bool {
 // Output returns everything the server wrote so far.
 func (p *serverProc) Output() string { return p.output.String() }
 
-// runToExit runs the FIPS server with godebug and args and returns its exit
-// code and output. A server still running after exitTimeout is killed and
-// the test fails.
+// runToExit runs the FIPS server with godebug and args until it exits
+// (internal/proctest).
 func runToExit(t *testing.T, godebug string, args ...string) (int, string) {
 	t.Helper()
 	cmd := exec.Command(requireFIPSServer(t), args...)
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.Dir = t.TempDir()
 	cmd.Env = godebugEnv(godebug)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode(), out.String()
-		}
-		require.NoError(t, err)
-		return 0, out.String()
-	case <-time.After(exitTimeout):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("server %v still running %v after start (killed); output:\n%s", args, exitTimeout, out.String())
-		return 0, ""
-	}
+	return proctest.RunToExit(t, cmd)
 }
 
 // keyKind names the keys the fixtures use, approved or not.
