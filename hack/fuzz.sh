@@ -31,6 +31,7 @@ mkdir -p "$FUZZLOGDIR"
 targets=(
   "FuzzParseCertKey    ./internal/pki/  10s"
   "FuzzParseCABundle   ./internal/pki/  10s"
+  "FuzzSplitCertKey    ./internal/pki/  10s"
   "FuzzSNICertKeyFlag  ./server/        10s"
   "FuzzSecretData      ./dynamiccert/   200x"
 )

@@ -169,3 +169,78 @@ func lastBlockRest(data []byte) []byte {
 		rest = r
 	}
 }
+
+// FuzzSplitCertKey feeds arbitrary bytes to SplitCertKey, the reader of a
+// file holding a key and its chain (the kubelet's podCertificate credential
+// bundle). Seeds: every case of TestSplitCertKey except the oversized one.
+//
+// Properties: no panic, input not modified; a success returns only
+// CERTIFICATE blocks (as many as the input holds, in order) and the key
+// blocks, exactly one of them a private key, with nothing around them; a
+// failure wraps a sentinel and holds no PEM armor.
+func FuzzSplitCertKey(f *testing.F) {
+	for _, tc := range splitCases(f) {
+		if !errors.Is(tc.want, ErrTooLarge) {
+			f.Add(tc.in)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := bytes.Clone(data)
+		certPEM, keyPEM, err := SplitCertKey(data)
+		if !bytes.Equal(in, data) {
+			t.Fatal("SplitCertKey modified its input")
+		}
+		if err != nil {
+			if certPEM != nil || keyPEM != nil {
+				t.Fatalf("returned content and an error: %v", err)
+			}
+			checkFuzzError(t, err)
+			return
+		}
+		var inCerts [][]byte
+		for rest := data; ; {
+			var block *pem.Block
+			if block, rest = pem.Decode(rest); block == nil {
+				break
+			}
+			if block.Type == "CERTIFICATE" {
+				inCerts = append(inCerts, block.Bytes)
+			}
+		}
+		i := 0
+		for rest := certPEM; ; i++ {
+			var block *pem.Block
+			if block, rest = pem.Decode(rest); block == nil {
+				if len(rest) != 0 {
+					t.Fatalf("%d bytes after the certificates", len(rest))
+				}
+				break
+			}
+			if block.Type != "CERTIFICATE" || i >= len(inCerts) || !bytes.Equal(block.Bytes, inCerts[i]) {
+				t.Fatalf("certificate %d is not the input's certificate %d", i, i)
+			}
+		}
+		if i == 0 || i != len(inCerts) {
+			t.Fatalf("%d certificates returned of %d", i, len(inCerts))
+		}
+		keys := 0
+		for rest := keyPEM; ; {
+			var block *pem.Block
+			if block, rest = pem.Decode(rest); block == nil {
+				if len(rest) != 0 {
+					t.Fatalf("%d bytes after the key", len(rest))
+				}
+				break
+			}
+			if block.Type == "CERTIFICATE" {
+				t.Fatal("a certificate in the key PEM")
+			}
+			if strings.HasSuffix(block.Type, "PRIVATE KEY") {
+				keys++
+			}
+		}
+		if keys != 1 {
+			t.Fatalf("%d private keys returned, want 1", keys)
+		}
+	})
+}

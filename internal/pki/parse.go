@@ -29,6 +29,11 @@ var (
 	ErrExpired        = errors.New("certificate has expired")
 	ErrNotYetValid    = errors.New("certificate is not yet valid")
 	ErrNotServingCert = errors.New("certificate is not valid for server authentication")
+	// ErrBrokenChain: the certificates after the leaf are not its issuer
+	// chain in order (each one the issuer of the one before it). Clients
+	// that build the path from the served order, and any client missing
+	// an intermediate, would fail to verify it.
+	ErrBrokenChain = errors.New("certificate chain is out of order or broken")
 )
 
 // KeyPair is a parsed, validated serving certificate chain and its key.
@@ -42,8 +47,15 @@ type KeyPair struct {
 
 // ParseCertKey parses and validates a PEM certificate chain and private key.
 // It rejects empty or oversized input, trailing non-PEM data, encrypted or
-// mismatched keys, leaves whose extended key usage excludes server auth, and,
-// when now is not zero, leaves that are not valid at now.
+// mismatched keys, leaves whose extended key usage excludes server auth,
+// chains that are not in order (see ErrBrokenChain) and, when now is not
+// zero, leaves that are not valid at now.
+//
+// The whole chain is kept in TLS.Certificate and served: the leaf first,
+// then the intermediates as given, so a client that trusts only the root
+// can verify it. Only the leaf's validity is checked: an expired
+// intermediate or cross-signed root at the end of a chain is legitimate
+// (clients that trust the root below it never use it).
 func ParseCertKey(certPEM, keyPEM []byte, now time.Time) (*KeyPair, error) {
 	if err := checkBlocks(certPEM, "certificate", isCertBlock); err != nil {
 		return nil, err
@@ -68,11 +80,94 @@ func ParseCertKey(certPEM, keyPEM []byte, now time.Time) (*KeyPair, error) {
 	if err := CheckValidity(leaf, now); err != nil {
 		return nil, err
 	}
+	if err := checkChain(leaf, tlsCert.Certificate[1:]); err != nil {
+		return nil, err
+	}
 	if len(leaf.ExtKeyUsage) > 0 && !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth) &&
 		!slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny) {
 		return nil, fmt.Errorf("%w (subject %q)", ErrNotServingCert, leaf.Subject.CommonName)
 	}
 	return &KeyPair{TLS: tlsCert, Leaf: leaf}, nil
+}
+
+// checkChain checks that each certificate of chain issued the one before it,
+// starting from leaf: the issuer name matches the subject, and the
+// signature verifies with a key allowed to sign certificates. The errors
+// name the certificates by position (1 is the leaf) and subject.
+func checkChain(leaf *x509.Certificate, chain [][]byte) error {
+	child := leaf
+	for i, der := range chain {
+		parent, err := x509.ParseCertificate(der)
+		if err != nil {
+			return fmt.Errorf("%w: chain certificate %d: %v", ErrMalformedPEM, i+2, err)
+		}
+		if !bytes.Equal(child.RawIssuer, parent.RawSubject) {
+			return fmt.Errorf("%w: certificate %d (subject %q) was issued by %q, but certificate %d is %q; "+
+				"the chain must be the leaf, then each certificate's issuer in turn",
+				ErrBrokenChain, i+1, child.Subject.CommonName, child.Issuer.CommonName, i+2, parent.Subject.CommonName)
+		}
+		if err := child.CheckSignatureFrom(parent); err != nil {
+			return fmt.Errorf("%w: certificate %d (subject %q) is not signed by certificate %d (subject %q): %v",
+				ErrBrokenChain, i+1, child.Subject.CommonName, i+2, parent.Subject.CommonName, err)
+		}
+		child = parent
+	}
+	return nil
+}
+
+// SplitCertKey splits one PEM file that holds a private key and its
+// certificate chain into the chain and the key, as ParseCertKey takes them.
+// The key may come first, as in the kubelet's podCertificate credential
+// bundle (a PKCS#8 PRIVATE KEY block, then the chain), or after the chain
+// (cat tls.crt tls.key). PKCS#8, PKCS#1 (RSA PRIVATE KEY) and SEC 1 (EC
+// PRIVATE KEY, with or without EC PARAMETERS) keys are accepted. It requires
+// exactly one private key and at least one certificate, and applies the
+// structural rules of ParseCertKey (size, no trailing data, no encrypted
+// key). The certificates keep their order; the returned PEM is re-encoded
+// from the blocks, so text around them is dropped.
+func SplitCertKey(data []byte) (certPEM, keyPEM []byte, err error) {
+	const what = "certificate and key"
+	err = checkBlocks(data, what, func(b *pem.Block) error {
+		if isCertBlock(b) == nil {
+			return nil
+		}
+		if err := isKeyBlock(b); err != nil {
+			if errors.Is(err, ErrEncryptedKey) {
+				return err
+			}
+			return fmt.Errorf("unexpected PEM block %q, want CERTIFICATE or a private key", b.Type)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	var certs, keys bytes.Buffer
+	nKeys := 0
+	for rest := data; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		if block.Type == "CERTIFICATE" {
+			_ = pem.Encode(&certs, block) // writing to a bytes.Buffer cannot fail
+			continue
+		}
+		if strings.HasSuffix(block.Type, "PRIVATE KEY") {
+			nKeys++
+		}
+		_ = pem.Encode(&keys, block)
+	}
+	switch {
+	case certs.Len() == 0:
+		return nil, nil, fmt.Errorf("%s: %w: no CERTIFICATE block", what, ErrMalformedPEM)
+	case nKeys == 0:
+		return nil, nil, fmt.Errorf("%s: %w: no private key block", what, ErrMalformedPEM)
+	case nKeys > 1:
+		return nil, nil, fmt.Errorf("%s: %w: %d private key blocks, want one", what, ErrMalformedPEM, nKeys)
+	}
+	return certs.Bytes(), keys.Bytes(), nil
 }
 
 // CheckValidity reports whether cert is valid at now; a zero now always

@@ -31,7 +31,7 @@ var testNow = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // sentinels are every error ParseCertKey and ParseCABundle may wrap.
 var sentinels = []error{
 	ErrEmpty, ErrTooLarge, ErrMalformedPEM, ErrEncryptedKey, ErrKeyMismatch,
-	ErrExpired, ErrNotYetValid, ErrNotServingCert,
+	ErrExpired, ErrNotYetValid, ErrNotServingCert, ErrBrokenChain,
 }
 
 // fixture is a CA and a leaf it signed, issued at testNow.
@@ -202,6 +202,14 @@ func parseCases(tb testing.TB) []parseCase {
 	ecParams := ecParamsKeyPEM(tb, leaf.Key)
 	ecParamsOnly := ecParams[:bytes.Index(ecParams, []byte("-----BEGIN EC PRIVATE KEY"))]
 	pad := bytes.Repeat([]byte{' '}, MaxPEMSize)
+	// The chain fixture's parts: leaf, intermediate, root.
+	chainLeaf := EncodeCertPEM(chain.leaf.Cert.Raw)
+	chainInter := chain.leaf.CertPEM[len(chainLeaf):]
+	chainRoot := chain.ca.CertPEM
+	// A CA with the same name as the P-256 leaf's issuer but another key:
+	// the names chain, the signature does not.
+	impostor, err := NewCA(Request{CommonName: p256.ca.Cert.Subject.CommonName, Now: testNow, Lifetime: time.Hour})
+	require.NoError(tb, err)
 
 	cases := []parseCase{
 		{name: "valid/rsa pkcs1 key", cert: rsa2048.leaf.CertPEM, key: pkcs1, now: testNow},
@@ -213,6 +221,8 @@ func parseCases(tb testing.TB) []parseCase {
 		{name: "valid/CRLF line endings", cert: bytes.ReplaceAll(leaf.CertPEM, []byte("\n"), []byte("\r\n")), key: bytes.ReplaceAll(leaf.KeyPEM, []byte("\n"), []byte("\r\n")), now: testNow},
 		{name: "valid/EC PARAMETERS before EC PRIVATE KEY", cert: leaf.CertPEM, key: ecParams, now: testNow},
 		{name: "valid/chain leaf+intermediate", cert: chain.leaf.CertPEM, key: chain.leaf.KeyPEM, now: testNow},
+		{name: "valid/chain leaf+intermediate+root", cert: join(chainLeaf, chainInter, chainRoot), key: chain.leaf.KeyPEM, now: testNow},
+		{name: "valid/leaf+its CA", cert: join(leaf.CertPEM, p256.ca.CertPEM), key: leaf.KeyPEM, now: testNow},
 		{name: "valid/no EKU", cert: noEKUCert, key: noEKUKey, now: testNow},
 		{name: "valid/any EKU", cert: anyEKUCert, key: anyEKUKey, now: testNow},
 
@@ -245,6 +255,13 @@ func parseCases(tb testing.TB) []parseCase {
 		{name: "mismatch/CA cert with leaf key", cert: p256.ca.CertPEM, key: leaf.KeyPEM, want: ErrKeyMismatch},
 		{name: "dates/expired", cert: leaf.CertPEM, key: leaf.KeyPEM, now: leaf.Cert.NotAfter.Add(time.Second), want: ErrExpired},
 		{name: "dates/not yet valid", cert: leaf.CertPEM, key: leaf.KeyPEM, now: leaf.Cert.NotBefore.Add(-time.Second), want: ErrNotYetValid},
+		{name: "chain/root before intermediate", cert: join(chainLeaf, chainRoot, chainInter), key: chain.leaf.KeyPEM, now: testNow, want: ErrBrokenChain},
+		{name: "chain/root without intermediate", cert: join(chainLeaf, chainRoot), key: chain.leaf.KeyPEM, now: testNow, want: ErrBrokenChain},
+		{name: "chain/unrelated CA appended", cert: join(leaf.CertPEM, rsa2048.ca.CertPEM), key: leaf.KeyPEM, now: testNow, want: ErrBrokenChain},
+		{name: "chain/same-name CA with another key", cert: join(leaf.CertPEM, impostor.CertPEM), key: leaf.KeyPEM, now: testNow, want: ErrBrokenChain},
+		{name: "chain/leaf twice", cert: join(leaf.CertPEM, leaf.CertPEM), key: leaf.KeyPEM, now: testNow, want: ErrBrokenChain},
+		{name: "chain/intermediate first", cert: join(chainInter, chainLeaf), key: chain.leaf.KeyPEM, now: testNow, want: ErrKeyMismatch},
+		{name: "chain/garbage intermediate", cert: join(leaf.CertPEM, garbageCertBlock), key: leaf.KeyPEM, now: testNow, want: ErrMalformedPEM},
 		{name: "eku/client auth only", cert: clientCert, key: clientKey, now: testNow, want: ErrNotServingCert},
 		{name: "eku/code signing and client auth", cert: codeSignCert, key: codeSignKey, now: testNow, want: ErrNotServingCert},
 	}
@@ -546,6 +563,12 @@ func TestParseCertKeyChain(t *testing.T) {
 	inters.AddCert(inter)
 	_, err = kp.Leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inters, CurrentTime: testNow, DNSName: "chained.test"})
 	assert.NoError(t, err)
+
+	// Out of order: the error says which certificate is wrong and why.
+	leafPEM := EncodeCertPEM(chain.leaf.Cert.Raw)
+	_, err = ParseCertKey(join(leafPEM, chain.ca.CertPEM, chain.leaf.CertPEM[len(leafPEM):]), chain.leaf.KeyPEM, testNow)
+	require.ErrorIs(t, err, ErrBrokenChain)
+	assert.ErrorContains(t, err, `certificate 1 (subject "chained.test") was issued by "intermediate", but certificate 2 is "root"`)
 }
 
 func TestCheckValidity(t *testing.T) {
