@@ -19,9 +19,14 @@ type FileCertKeyConfig struct {
 	// Name identifies the provider in logs and metrics. Default
 	// "file:<CertFile>".
 	Name string
-	// CertFile and KeyFile are the PEM certificate chain and private key.
-	// They must be different files. Neither has to exist when the provider
-	// is created.
+	// CertFile and KeyFile are the PEM certificate chain (the leaf, then
+	// each certificate's issuer in turn) and the private key. Both are
+	// required. They may name the same file, which then holds the key and
+	// the chain in either order: the kubelet's podCertificate projected
+	// volume writes its credentialBundlePath that way (a PKCS#8 key, then
+	// the chain), and kube-apiserver accepts one file for
+	// --tls-cert-file and --tls-private-key-file as well. Neither file has to
+	// exist when the provider is created.
 	CertFile, KeyFile string
 	// SNINames are explicit names to serve the certificate for, returned by
 	// SNINames. Nil means the names come from the certificate.
@@ -42,7 +47,9 @@ type FileCertKeyConfig struct {
 // ResyncInterval as well.
 //
 // New content replaces the served content only if it parses, the key
-// matches, the leaf is valid now and usable for server auth. Otherwise the
+// matches, the leaf is valid now and usable for server auth, and the chain
+// is in order (pki.ErrBrokenChain). The whole chain is served, so clients
+// that trust only the root verify it. Otherwise the
 // last good pair keeps being served, the error is counted in
 // evercert_certificate_load_errors_total and logged once per distinct error.
 // A half-written pair (new certificate, old key) is therefore rejected, and
@@ -71,7 +78,11 @@ type FileCertKey struct {
 	listeners
 	src               *fileSource
 	certFile, keyFile string
-	sniNames          []string
+	// oneFile is set when CertFile and KeyFile are the same file: it is
+	// read once per load and split into chain and key (src.paths has one
+	// entry).
+	oneFile  bool
+	sniNames []string
 
 	cur atomic.Pointer[certKeyContent]
 }
@@ -96,8 +107,6 @@ func NewFileCertKey(cfg FileCertKeyConfig) (*FileCertKey, error) {
 		return nil, errors.New("file certificate provider: missing certificate file")
 	case cfg.KeyFile == "":
 		return nil, errors.New("file certificate provider: missing key file")
-	case cfg.CertFile == cfg.KeyFile:
-		return nil, fmt.Errorf("file certificate provider: certificate and key must be separate files, both are %s", cfg.CertFile)
 	}
 	name := cfg.Name
 	if name == "" {
@@ -107,10 +116,15 @@ func NewFileCertKey(cfg FileCertKeyConfig) (*FileCertKey, error) {
 	if err != nil {
 		return nil, err
 	}
+	oneFile := src.paths[0] == src.paths[1]
+	if oneFile {
+		src.paths = src.paths[:1]
+	}
 	return &FileCertKey{
 		src:      src,
 		certFile: cfg.CertFile,
 		keyFile:  cfg.KeyFile,
+		oneFile:  oneFile,
 		sniNames: slices.Clone(cfg.SNINames),
 	}, nil
 }
@@ -118,8 +132,10 @@ func NewFileCertKey(cfg FileCertKeyConfig) (*FileCertKey, error) {
 // Name returns the provider's name.
 func (p *FileCertKey) Name() string { return p.src.name }
 
-// CurrentCertKeyContent returns the PEM certificate and key last loaded
-// successfully, or nil, nil before the first successful load.
+// CurrentCertKeyContent returns the PEM certificate chain and key last
+// loaded successfully, or nil, nil before the first successful load. When
+// the key and chain share one file, they are returned apart (re-encoded PEM
+// blocks), as every consumer of the interface expects.
 func (p *FileCertKey) CurrentCertKeyContent() ([]byte, []byte) {
 	c := p.cur.Load()
 	if c == nil {
@@ -168,11 +184,7 @@ func (p *FileCertKey) tryLoad() error {
 	p.src.loadMu.Lock()
 	defer p.src.loadMu.Unlock()
 
-	certPEM, err := readPEMFile(p.src.paths[0])
-	if err != nil {
-		return p.wrap(err)
-	}
-	keyPEM, err := readPEMFile(p.src.paths[1])
+	certPEM, keyPEM, err := p.read()
 	if err != nil {
 		return p.wrap(err)
 	}
@@ -186,6 +198,28 @@ func (p *FileCertKey) tryLoad() error {
 	return nil
 }
 
+// read returns the chain and key PEM from the files, or from the one file
+// split in two.
+func (p *FileCertKey) read() (certPEM, keyPEM []byte, err error) {
+	if p.oneFile {
+		data, err := readPEMFile(p.src.paths[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		return pki.SplitCertKey(data)
+	}
+	if certPEM, err = readPEMFile(p.src.paths[0]); err != nil {
+		return nil, nil, err
+	}
+	if keyPEM, err = readPEMFile(p.src.paths[1]); err != nil {
+		return nil, nil, err
+	}
+	return certPEM, keyPEM, nil
+}
+
 func (p *FileCertKey) wrap(err error) error {
+	if p.oneFile {
+		return fmt.Errorf("loading certificate and key from %s: %w", p.certFile, err)
+	}
 	return fmt.Errorf("loading certificate %s and key %s: %w", p.certFile, p.keyFile, err)
 }

@@ -178,19 +178,23 @@ func TestNewFileCertKeyConfig(t *testing.T) {
 	require.Error(t, err)
 	_, err = NewFileCertKey(FileCertKeyConfig{CertFile: "c"})
 	require.Error(t, err)
-	_, err = NewFileCertKey(FileCertKeyConfig{CertFile: "same", KeyFile: "same"})
-	require.Error(t, err)
+	// One file for both (see TestFileCertKeyOneFile), however spelled.
+	p, err := NewFileCertKey(FileCertKeyConfig{CertFile: "same.pem", KeyFile: "./same.pem"})
+	require.NoError(t, err)
+	assert.True(t, p.oneFile)
+	assert.Len(t, p.src.paths, 1)
 	_, err = NewFileCertKey(FileCertKeyConfig{CertFile: "c", KeyFile: "k", ResyncInterval: -time.Second})
 	require.Error(t, err)
 
 	names := []string{"a.example.com"}
-	p, err := NewFileCertKey(FileCertKeyConfig{CertFile: "does/not/exist.crt", KeyFile: "does/not/exist.key", SNINames: names})
+	p, err = NewFileCertKey(FileCertKeyConfig{CertFile: "does/not/exist.crt", KeyFile: "does/not/exist.key", SNINames: names})
 	require.NoError(t, err, "files need not exist at construction")
 	names[0] = "mutated"
 	assert.Equal(t, "file:does/not/exist.crt", p.Name())
 	assert.Equal(t, []string{"a.example.com"}, p.SNINames())
 	assert.Equal(t, DefaultFileResyncInterval, p.src.resync)
 	assert.True(t, filepath.IsAbs(p.src.paths[0]))
+	assert.False(t, p.oneFile)
 	assert.Nil(t, p.Current())
 	c, k := p.CurrentCertKeyContent()
 	assert.Nil(t, c)

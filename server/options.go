@@ -45,8 +45,10 @@ type Options struct {
 	// --secure-port, default 8443.
 	SecurePort int
 
-	// CertFile and KeyFile are the default serving certificate and key,
-	// reloaded when they change. Flags --tls-cert-file, --tls-private-key-file.
+	// CertFile and KeyFile are the default serving certificate (with its
+	// intermediates) and key, reloaded when they change. They may name the
+	// same file, holding key and chain (see dynamiccert.FileCertKeyConfig).
+	// Flags --tls-cert-file, --tls-private-key-file.
 	CertFile, KeyFile string
 	// SNICertKeys are extra certificates selected by SNI. Flag
 	// --tls-sni-cert-key cert,key[:name1,name2], repeatable.
@@ -139,9 +141,9 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IPVar(&o.BindAddress, "bind-address", o.BindAddress, "The IP address on which to listen for --secure-port.")
 	fs.IntVar(&o.SecurePort, "secure-port", o.SecurePort, "The port on which to serve HTTPS. 0 picks a free port; the log line 'serving on https://HOST:PORT' says which.")
-	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "File containing the default x509 certificate (and intermediates) for HTTPS. Reloaded when it changes. Without any certificate flag the server serves an in-memory self-signed certificate.")
-	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "File containing the default x509 private key matching --tls-cert-file.")
-	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate and private key file paths, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice. Repeatable.")
+	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "File containing the default x509 certificate for HTTPS, followed by its intermediates in order (each the issuer of the one before). Reloaded when it changes. Without any certificate flag the server serves an in-memory self-signed certificate.")
+	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "File containing the default x509 private key matching --tls-cert-file. It may be the same file as --tls-cert-file, holding the key and the chain in either order (as a podCertificate projected volume's credentialBundlePath does).")
+	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate (and intermediates) and private key file paths, which may be the same file holding both, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice. Repeatable.")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "If set, client certificates signed by one of these CAs are verified (presenting one is optional). Reloaded when it changes.")
 	fs.StringVar(&o.MinTLSVersion, "tls-min-version", o.MinTLSVersion, "Minimum TLS version supported. Possible values: "+strings.Join(cliflag.TLSPossibleVersions(), ", "))
 	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of TLS 1.2 cipher suites (TLS 1.3 suites are always enabled and not configurable). "+

@@ -22,6 +22,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/evercert/evercert/internal/tlstest"
 )
 
 // testNow is the fixed "now" of every test and fuzz target here, so results
@@ -74,50 +76,21 @@ func fixtureFor(tb testing.TB, kt KeyType) *fixture {
 	return all[kt]
 }
 
-// chainFixture is root -> intermediate -> leaf; the intermediate is made by
-// hand because NewCA only makes roots that cannot sign CAs.
+// chainFixture is root -> intermediate -> leaf; ca holds the root, and
+// the leaf's CertPEM is the leaf followed by the intermediate.
 var chainFixture = sync.OnceValues(func() (*fixture, error) {
-	rootKey, err := GenerateKey(ECDSAP256)
+	chain, err := tlstest.NewChain(testNow, "chain")
 	if err != nil {
 		return nil, err
 	}
-	root := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"},
-		NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	rootDER, err := x509.CreateCertificate(rand.Reader, root, root, rootKey.Public(), rootKey)
+	leaf, err := chain.Issue(testNow, time.Hour, "chained.test")
 	if err != nil {
 		return nil, err
 	}
-	if root, err = x509.ParseCertificate(rootDER); err != nil {
-		return nil, err
-	}
-	interKey, err := GenerateKey(ECDSAP256)
-	if err != nil {
-		return nil, err
-	}
-	inter := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "intermediate"},
-		NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true, MaxPathLenZero: true,
-	}
-	interDER, err := x509.CreateCertificate(rand.Reader, inter, root, interKey.Public(), rootKey)
-	if err != nil {
-		return nil, err
-	}
-	if inter, err = x509.ParseCertificate(interDER); err != nil {
-		return nil, err
-	}
-	interIssued := &Issued{Cert: inter, Key: interKey, CertPEM: EncodeCertPEM(interDER)}
-	leaf, err := IssueLeaf(interIssued, Request{CommonName: "chained.test", DNSNames: []string{"chained.test"}, Now: testNow, Lifetime: time.Hour})
-	if err != nil {
-		return nil, err
-	}
-	return &fixture{ca: &Issued{Cert: root, Key: rootKey, CertPEM: EncodeCertPEM(rootDER)}, leaf: &Issued{
-		Cert: leaf.Cert, Key: leaf.Key, KeyPEM: leaf.KeyPEM,
-		CertPEM: join(leaf.CertPEM, interIssued.CertPEM),
-	}}, nil
+	return &fixture{
+		ca:   &Issued{Cert: chain.Root, CertPEM: chain.RootPEM},
+		leaf: &Issued{Cert: leaf.Cert, CertPEM: leaf.CertPEM, KeyPEM: leaf.KeyPEM},
+	}, nil
 })
 
 // customLeaf self-signs a one-hour leaf for a fixed P-256 key after mutate
@@ -556,7 +529,7 @@ func TestParseCertKeyChain(t *testing.T) {
 	assert.Equal(t, "chained.test", kp.Leaf.Subject.CommonName)
 	inter, err := x509.ParseCertificate(kp.TLS.Certificate[1])
 	require.NoError(t, err)
-	assert.Equal(t, "intermediate", inter.Subject.CommonName)
+	assert.Equal(t, "chain-intermediate", inter.Subject.CommonName)
 
 	roots, inters := x509.NewCertPool(), x509.NewCertPool()
 	roots.AddCert(chain.ca.Cert)
@@ -568,7 +541,7 @@ func TestParseCertKeyChain(t *testing.T) {
 	leafPEM := EncodeCertPEM(chain.leaf.Cert.Raw)
 	_, err = ParseCertKey(join(leafPEM, chain.ca.CertPEM, chain.leaf.CertPEM[len(leafPEM):]), chain.leaf.KeyPEM, testNow)
 	require.ErrorIs(t, err, ErrBrokenChain)
-	assert.ErrorContains(t, err, `certificate 1 (subject "chained.test") was issued by "intermediate", but certificate 2 is "root"`)
+	assert.ErrorContains(t, err, `certificate 1 (subject "chained.test") was issued by "chain-intermediate", but certificate 2 is "chain-root"`)
 }
 
 func TestCheckValidity(t *testing.T) {

@@ -49,22 +49,33 @@ func Server(t testing.TB, config *tls.Config) string {
 // Handshake dials addr with config, completes a TLS handshake and returns
 // the leaf certificate the server presented.
 func Handshake(addr string, config *tls.Config) (*x509.Certificate, error) {
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, config)
+	st, err := HandshakeState(addr, config)
 	if err != nil {
 		return nil, err
+	}
+	return st.PeerCertificates[0], nil
+}
+
+// HandshakeState is Handshake returning the whole connection state: the
+// chain the server sent (PeerCertificates) and, unless config skips
+// verification, the chains the client built (VerifiedChains).
+func HandshakeState(addr string, config *tls.Config) (tls.ConnectionState, error) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, config)
+	if err != nil {
+		return tls.ConnectionState{}, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	// Reading the server's byte surfaces a server-side rejection of our
 	// client certificate, which TLS 1.3 reports only after the handshake.
 	if _, err := io.ReadFull(conn, make([]byte, 1)); err != nil {
-		return nil, err
+		return tls.ConnectionState{}, err
 	}
-	certs := conn.ConnectionState().PeerCertificates
-	if len(certs) == 0 {
-		return nil, errors.New("server presented no certificate")
+	st := conn.ConnectionState()
+	if len(st.PeerCertificates) == 0 {
+		return tls.ConnectionState{}, errors.New("server presented no certificate")
 	}
-	return certs[0], nil
+	return st, nil
 }
 
 // Pool returns a CertPool holding the PEM certificates in bundle, failing the
