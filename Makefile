@@ -8,17 +8,19 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-fips soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-fips test-alerts test-controller-runtime soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
 build:
 	$(GO) build ./...
 
-## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak, FIPS 140-3 mode).
-test: test-unit test-alloc test-fips test-e2e soak-short
+## test: everything CI runs (unit with -race, end-to-end against a real
+## kube-apiserver, short soak, FIPS 140-3 mode, the alert rules, the
+## controller-runtime recipe).
+test: test-unit test-alloc test-fips test-alerts test-controller-runtime test-e2e soak-short
 
-## deps: Debian packages the tests need (sslscan).
+## deps: Debian packages the tests need (sslscan, prometheus for promtool).
 deps:
 	hack/install-deps.sh
 
@@ -46,6 +48,16 @@ test-fips: deps
 	$(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/ > $(CURDIR)/tmp/fips.log 2>&1 || { cat $(CURDIR)/tmp/fips.log; exit 1; }
 	@for t in $(FIPS_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/fips.log || { echo "test-fips: $$t did not run"; cat $(CURDIR)/tmp/fips.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/fips.log
+
+## test-alerts: the Prometheus rules in deploy/prometheus, checked with
+## promtool (check rules) and unit-tested with it (rules_test.yaml: input
+## series -> expected alerts). Fails, never skips, without promtool. The Go
+## tests in deploy/prometheus (test-unit) keep the PrometheusRule in sync
+## with the rule file and the metric names real.
+test-alerts: deps
+	@command -v promtool >/dev/null || { echo 'test-alerts: promtool not found; it comes with the Debian package prometheus (make deps)'; exit 1; }
+	promtool check rules deploy/prometheus/rules.yaml
+	promtool test rules deploy/prometheus/rules_test.yaml
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need, if they are missing:
-#   sslscan  TLS posture checks in test/posture
+#   sslscan     TLS posture checks in test/posture
+#   prometheus  promtool, which checks and unit-tests the alert rules in
+#               deploy/prometheus (make test-alerts)
 # Idempotent and quiet when everything is present. Runs as root (CI) or
 # through sudo; never reads stdin.
 set -euo pipefail
 
-packages=(sslscan)
+packages=(sslscan prometheus)
 
 missing=()
 for pkg in "${packages[@]}"; do
