@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Static checks: gofmt, go vet and staticcheck (pinned, installed into ./bin).
+# Static checks: gofmt, go vet and staticcheck (pinned, installed into ./bin),
+# in the main module and in the nested test module test/controllerruntime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +22,10 @@ echo "go vet"
 go vet -tags e2e,soak,fips ./...
 echo "staticcheck"
 "$BIN/staticcheck" -tags e2e,soak,fips ./...
+# Nested modules with Go code of their own (gofmt above covers their files).
+for mod in test/controllerruntime; do
+  echo "go vet ($mod)"
+  (cd "$mod" && go vet ./...)
+  echo "staticcheck ($mod)"
+  (cd "$mod" && "$BIN/staticcheck" ./...)
+done
