@@ -10,8 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/client-go/rest"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -49,7 +51,7 @@ func TestApplyToNoop(t *testing.T) {
 }
 
 func TestApplyTo(t *testing.T) {
-	sniFirst, err := loopback.New(loopback.Options{}) // stands in for another SNI certificate
+	sniFirst, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "other", Hosts: []string{"other.example"}})
 	require.NoError(t, err)
 	info := newInfo(t)
 	info.SNICerts = []dynamiccertificates.SNICertKeyContentProvider{sniFirst}
@@ -123,4 +125,70 @@ func TestApplyToConfig(t *testing.T) {
 	assert.Nil(t, c)
 	assert.Nil(t, off.LoopbackClientConfig)
 	assert.NotContains(t, off.PostStartHooks, loopback.PostStartHookName)
+}
+
+// TestApplyToRefusesEarlierLoopback: a loopback already in the serving
+// configuration (upstream's, or evercert's applied twice) is a clear error
+// and nothing changes, instead of a second loopback whose client config
+// would not trust the certificate the server serves.
+func TestApplyToRefusesEarlierLoopback(t *testing.T) {
+	upstream := func(t *testing.T) (*server.SecureServingInfo, *rest.Config) {
+		var info *server.SecureServingInfo
+		var cfg *rest.Config
+		ss := &options.SecureServingOptions{Listener: newInfo(t).Listener}
+		require.NoError(t, ss.WithLoopback().ApplyTo(&info, &cfg))
+		return info, cfg
+	}
+	evercert := func(t *testing.T) (*server.SecureServingInfo, *rest.Config) {
+		info := newInfo(t)
+		var cfg *rest.Config
+		_, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		require.NoError(t, err)
+		return info, cfg
+	}
+	for name, earlier := range map[string]func(*testing.T) (*server.SecureServingInfo, *rest.Config){
+		"upstream SecureServingOptionsWithLoopback": upstream,
+		"evercert twice": evercert,
+	} {
+		t.Run(name, func(t *testing.T) {
+			info, cfg := earlier(t)
+			sni, before := info.SNICerts, cfg
+			c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+			require.ErrorIs(t, err, loopback.ErrWrongOrder)
+			assert.ErrorContains(t, err, loopback.ServerName)
+			assert.ErrorContains(t, err, "loopback.ApplyRecommendedOptions instead of RecommendedOptions.ApplyTo")
+			assert.Nil(t, c)
+			assert.Equal(t, sni, info.SNICerts, "SNI certificates unchanged")
+			assert.Same(t, before, cfg, "loopback client config unchanged")
+		})
+	}
+}
+
+// TestApplyToConfigRefusesUpstream is the old wiring: loopback.ApplyToConfig
+// after upstream's loopback (what RecommendedOptions.ApplyTo does). It fails
+// at once with ErrWrongOrder, and the config keeps exactly one loopback.
+func TestApplyToConfigRefusesUpstream(t *testing.T) {
+	cfg := server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
+	ss := &options.SecureServingOptions{Listener: newInfo(t).Listener}
+	require.NoError(t, ss.WithLoopback().ApplyToConfig(cfg))
+	healthz, livez, sni, client := len(cfg.HealthzChecks), len(cfg.LivezChecks), len(cfg.SecureServing.SNICerts), cfg.LoopbackClientConfig
+
+	c, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+	require.ErrorIs(t, err, loopback.ErrWrongOrder)
+	assert.ErrorContains(t, err, `"loopback-serving-certificate" health check`)
+	assert.Nil(t, c)
+	assert.Len(t, cfg.HealthzChecks, healthz)
+	assert.Len(t, cfg.LivezChecks, livez)
+	assert.Len(t, cfg.SecureServing.SNICerts, sni)
+	assert.Same(t, client, cfg.LoopbackClientConfig)
+	assert.NotContains(t, cfg.PostStartHooks, loopback.PostStartHookName)
+
+	// Applying evercert's twice is refused the same way.
+	cfg = server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
+	cfg.SecureServing = newInfo(t)
+	_, err = loopback.ApplyToConfig(cfg, loopback.Options{})
+	require.NoError(t, err)
+	_, err = loopback.ApplyToConfig(cfg, loopback.Options{})
+	require.ErrorIs(t, err, loopback.ErrWrongOrder)
+	assert.Len(t, cfg.SecureServing.SNICerts, 1)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apiserver/pkg/server"
@@ -41,6 +42,10 @@ type Certificate struct {
 	// runSem serializes Run: the genericapiserver's serving code and a
 	// post-start hook may both start it.
 	runSem chan struct{}
+	// appliedToken is the bearer token of the loopback client config
+	// ApplyTo set from this Certificate, or nil; the post-start hook checks
+	// that the server still uses that config.
+	appliedToken atomic.Pointer[string]
 }
 
 var (

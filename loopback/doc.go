@@ -19,6 +19,17 @@
 //     and CA rotations.
 //   - ApplyTo and ApplyToConfig are drop-in replacements for the loopback
 //     part of SecureServingOptionsWithLoopback.ApplyTo / ApplyToConfig.
+//   - ApplyRecommendedOptions replaces RecommendedOptions.ApplyTo (the call
+//     sample-apiserver, metrics-server and most aggregated API servers make):
+//     secure serving without upstream's loopback, a rotating serving
+//     certificate of the caller's choice (self-signed in memory by default),
+//     evercert's loopback, then the rest of RecommendedOptions, so that the
+//     admission initializers and informers built there use evercert's
+//     loopback client config.
+//   - A loopback applied twice or in the wrong order (upstream's, then
+//     evercert's, or the reverse) is an error wrapping ErrWrongOrder, never
+//     a server whose loopback client trusts one certificate while it serves
+//     another.
 //   - HealthCheck is the "loopback-serving-certificate" check: it reports the
 //     time left on the certificate and fails only when rotation has stalled.
 //
@@ -26,6 +37,10 @@
 //
 //	if err := secureServing.ApplyTo(&cfg.SecureServing); err != nil { ... }
 //	cert, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+//
+// With RecommendedOptions, instead of o.RecommendedOptions.ApplyTo(cfg):
+//
+//	applied, err := loopback.ApplyRecommendedOptions(o.RecommendedOptions, cfg, loopback.ServingOptions{})
 //
 // Rotation runs in (*Certificate).Run. A genericapiserver starts Run for every
 // SNI certificate provider that implements ControllerRunner when it starts

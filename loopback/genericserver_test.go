@@ -33,6 +33,15 @@ type genericServer struct {
 	serving  *dynamiccert.SelfSigned
 }
 
+// newCodecs returns codecs for the unversioned meta types every server
+// encodes (Status for errors, discovery documents).
+func newCodecs() serializer.CodecFactory {
+	scheme := runtime.NewScheme()
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	scheme.AddUnversionedTypes(schema.GroupVersion{Version: "v1"}, &metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{})
+	return serializer.NewCodecFactory(scheme)
+}
+
 // startGenericServer starts a server whose loopback comes from evercert's
 // ApplyToConfig, or from upstream's SecureServingOptionsWithLoopback when
 // upstream is set. It stops when the test or benchmark ends.
@@ -46,10 +55,7 @@ func startGenericServer(tb testing.TB, upstream bool) *genericServer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	scheme := runtime.NewScheme()
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	scheme.AddUnversionedTypes(schema.GroupVersion{Version: "v1"}, &metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{})
-	cfg := server.NewConfig(serializer.NewCodecFactory(scheme))
+	cfg := server.NewConfig(newCodecs())
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	ss := &options.SecureServingOptions{Listener: ln, ServerCert: options.GeneratableKeyCert{GeneratedCert: serving}}
 	gs := &genericServer{addr: ln.Addr().String(), serving: serving}
@@ -72,7 +78,14 @@ func startGenericServer(tb testing.TB, upstream bool) *genericServer {
 		tb.Fatal(err)
 	}
 	gs.loopback = cfg.LoopbackClientConfig
+	runServer(tb, s)
+	return gs
+}
 
+// runServer runs s until the test or benchmark ends, and returns once its
+// /readyz answers 200 through its loopback client config.
+func runServer(tb testing.TB, s *server.GenericAPIServer) {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.PrepareRun().RunWithContext(ctx) }()
@@ -85,17 +98,23 @@ func startGenericServer(tb testing.TB, upstream bool) *genericServer {
 		}
 	})
 
-	hc, err := rest.HTTPClientFor(gs.loopback)
+	hc, err := rest.HTTPClientFor(s.LoopbackClientConfig)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := hc.Get(gs.loopback.Host + "/readyz")
+		resp, err := hc.Get(s.LoopbackClientConfig.Host + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return gs
+				return
 			}
+		}
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			tb.Fatalf("server stopped before it was ready: %v", err)
+		default:
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("server not ready within 60s: %v", err)

@@ -213,6 +213,12 @@ func Start(t testing.TB, opts ...Option) *Cluster {
 // stays the same across RestartAPIServer.
 func (c *Cluster) Host() string { return c.host }
 
+// EtcdURL returns the client URL of the cluster's etcd,
+// http://127.0.0.1:<port> (plain HTTP, no authentication). An aggregated API
+// server under test may store its own resources there, under a key prefix
+// of its own; the kube-apiserver uses /registry.
+func (c *Cluster) EtcdURL() string { return c.etcdURL }
+
 // Config returns a new rest.Config for the admin user (AdminUser, group
 // system:masters) authenticating with a bearer token; the server certificate
 // is verified against the kube-apiserver's serving CA. Client-side rate
