@@ -2,13 +2,17 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -24,7 +28,11 @@ func bundleFileWrites(t *testing.T, result string) float64 {
 // regular file, so writes fail; a CA rotation then cannot be written, which
 // is counted. Once the directory is back, the new bundle reaches the file
 // with no further rotation, only by stepping the clock past the backoff.
+// The failure, retried several times, is logged once on the logger of
+// Serve's context, and so is the recovery.
 func TestCABundleFileRetriedUntilWritten(t *testing.T) {
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
 	clk := clocktesting.NewFakeClock(time.Now())
 	dir := filepath.Join(t.TempDir(), "bundle")
 	require.NoError(t, os.Mkdir(dir, 0o755))
@@ -34,7 +42,7 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	// next event after that is 8h later, far beyond the steps below.
 	o.SelfSignedValidity = 24 * time.Hour
 	o.CABundleFile = filepath.Join(dir, "ca.crt")
-	r := start(t, o, nil)
+	r := startWithContext(t, klog.NewContext(context.Background(), logger), o, nil)
 
 	initial, err := os.ReadFile(o.CABundleFile)
 	require.NoError(t, err)
@@ -55,6 +63,13 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	}, serveGuard, 10*time.Millisecond, "the CA bundle did not change")
 	assert.Eventually(t, func() bool { return bundleFileWrites(t, "error") > errorsBefore }, serveGuard, 10*time.Millisecond,
 		"the failed write is counted in evercert_cabundle_publish_total{kind=CABundleFile,result=error}")
+	// Let the retries fail a few more times.
+	assert.Eventually(t, func() bool {
+		clk.Step(time.Second)
+		return bundleFileWrites(t, "error") >= errorsBefore+3
+	}, serveGuard, 20*time.Millisecond, "the failed write was not retried")
+	assert.Equal(t, 1, countLogs(logs, ktesting.LogError, "Writing CA bundle file failed"),
+		"a failure retried with backoff is logged once:\n%s", logs.String())
 	onDisk, err := os.ReadFile(filepath.Join(moved, "ca.crt"))
 	require.NoError(t, err)
 	assert.Equal(t, string(initial), string(onDisk), "no write happened while the directory was gone")
@@ -75,4 +90,20 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	assert.Equal(t, string(rotated), string(r.serving.TrustBundle.CurrentCABundleContent()), "the bundle did not change again")
 	assert.Equal(t, rotationsBefore, certmetricstest.Rotations(t, "self-signed"), "no further rotation happened")
 	assert.Greater(t, bundleFileWrites(t, "success"), successBefore, "the successful retry is counted")
+	assert.Equal(t, 1, countLogs(logs, ktesting.LogInfo, "Wrote CA bundle file after failures"),
+		"the recovery is logged once:\n%s", logs.String())
+	assert.Equal(t, 1, countLogs(logs, ktesting.LogError, "Writing CA bundle file failed"),
+		"the failure is not logged again:\n%s", logs.String())
+}
+
+// countLogs counts the entries of logs of type typ whose message starts
+// with prefix.
+func countLogs(logs ktesting.Buffer, typ ktesting.LogType, prefix string) int {
+	n := 0
+	for _, e := range logs.Data() {
+		if e.Type == typ && strings.HasPrefix(e.Message, prefix) {
+			n++
+		}
+	}
+	return n
 }
