@@ -7,53 +7,44 @@ import (
 	"testing"
 
 	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 )
 
-// line is one recorded log call.
+// line is one log call, as the tests compare it.
 type line struct {
 	error bool
 	msg   string
 	err   string
 }
 
-// recorder is a klog.LogSink that records every call.
+// recorder hands out a test logger (k8s.io/klog/v2/ktesting) that keeps
+// what is logged, and returns the calls not yet taken.
 type recorder struct {
-	mu    sync.Mutex
-	lines []line
-}
-
-func (r *recorder) Init(klog.RuntimeInfo)          {}
-func (r *recorder) Enabled(int) bool               { return true }
-func (r *recorder) WithValues(...any) klog.LogSink { return r }
-func (r *recorder) WithName(string) klog.LogSink   { return r }
-
-func (r *recorder) Info(_ int, msg string, _ ...any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lines = append(r.lines, line{msg: msg})
-}
-
-func (r *recorder) Error(err error, msg string, _ ...any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lines = append(r.lines, line{error: true, msg: msg, err: err.Error()})
+	buf   ktesting.Buffer
+	taken int
 }
 
 func (r *recorder) take() []line {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.lines
-	r.lines = nil
+	var out []line
+	data := r.buf.Data()
+	for _, e := range data[r.taken:] {
+		l := line{error: e.Type == ktesting.LogError, msg: e.Message}
+		if e.Err != nil {
+			l.err = e.Err.Error()
+		}
+		out = append(out, l)
+	}
+	r.taken = len(data)
 	return out
 }
 
-func newRecorder() (*recorder, klog.Logger) {
-	r := &recorder{}
-	return r, klog.New(r)
+func newRecorder(t *testing.T) (*recorder, klog.Logger) {
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	return &recorder{buf: logger.GetSink().(ktesting.Underlier).GetBuffer()}, logger
 }
 
 func TestOnceLogsEachDistinctErrorOnce(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var o Once
 	forbidden := errors.New("forbidden")
 	for range 5 {
@@ -85,7 +76,7 @@ func TestOnceLogsEachDistinctErrorOnce(t *testing.T) {
 }
 
 func TestOnceRecoveryIsLoggedOnceAfterAnError(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var o Once
 	if o.Recovered(logger, "Recovered") {
 		t.Error("Recovered without an error logged")
@@ -111,7 +102,7 @@ func TestOnceRecoveryIsLoggedOnceAfterAnError(t *testing.T) {
 }
 
 func TestOnceResetReportsAnErrorWithoutLogging(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var o Once
 	if o.Reset() {
 		t.Error("Reset of a healthy Once reported an error")
@@ -126,7 +117,7 @@ func TestOnceResetReportsAnErrorWithoutLogging(t *testing.T) {
 }
 
 func TestOnceInfoLogsWhenAConditionStarts(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var o Once
 	for range 3 {
 		o.Info(logger, "waiting: missing", "Waiting for the object")
@@ -154,7 +145,7 @@ func TestOnceInfoLogsWhenAConditionStarts(t *testing.T) {
 }
 
 func TestOnceConcurrentCallersLogOnce(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var o Once
 	var wg sync.WaitGroup
 	for range 8 {
@@ -172,7 +163,7 @@ func TestOnceConcurrentCallersLogOnce(t *testing.T) {
 }
 
 func TestByKeyKeepsOneOncePerKey(t *testing.T) {
-	rec, logger := newRecorder()
+	rec, logger := newRecorder(t)
 	var b ByKey
 	if b.State("a") != "" {
 		t.Error("unknown key has a state")
