@@ -2,20 +2,17 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/logtest"
 )
 
 func bundleFileWrites(t *testing.T, result string) float64 {
@@ -31,8 +28,7 @@ func bundleFileWrites(t *testing.T, result string) float64 {
 // The failure, retried several times, is logged once on the logger of
 // Serve's context, and so is the recovery.
 func TestCABundleFileRetriedUntilWritten(t *testing.T) {
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
-	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
+	_, ctx, logs := logtest.New(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	dir := filepath.Join(t.TempDir(), "bundle")
 	require.NoError(t, os.Mkdir(dir, 0o755))
@@ -42,7 +38,7 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	// next event after that is 8h later, far beyond the steps below.
 	o.SelfSignedValidity = 24 * time.Hour
 	o.CABundleFile = filepath.Join(dir, "ca.crt")
-	r := startWithContext(t, klog.NewContext(context.Background(), logger), o, nil)
+	r := startWithContext(t, ctx, o, nil)
 
 	initial, err := os.ReadFile(o.CABundleFile)
 	require.NoError(t, err)
@@ -68,8 +64,8 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 		clk.Step(time.Second)
 		return bundleFileWrites(t, "error") >= errorsBefore+3
 	}, serveGuard, 20*time.Millisecond, "the failed write was not retried")
-	assert.Equal(t, 1, countLogs(logs, ktesting.LogError, "Writing CA bundle file failed"),
-		"a failure retried with backoff is logged once:\n%s", logs.String())
+	assert.Equal(t, 1, logs.Errors("Writing CA bundle file failed"),
+		"a failure retried with backoff is logged once:\n%s", logs)
 	onDisk, err := os.ReadFile(filepath.Join(moved, "ca.crt"))
 	require.NoError(t, err)
 	assert.Equal(t, string(initial), string(onDisk), "no write happened while the directory was gone")
@@ -90,20 +86,6 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	assert.Equal(t, string(rotated), string(r.serving.TrustBundle.CurrentCABundleContent()), "the bundle did not change again")
 	assert.Equal(t, rotationsBefore, certmetricstest.Rotations(t, "self-signed"), "no further rotation happened")
 	assert.Greater(t, bundleFileWrites(t, "success"), successBefore, "the successful retry is counted")
-	assert.Equal(t, 1, countLogs(logs, ktesting.LogInfo, "Wrote CA bundle file after failures"),
-		"the recovery is logged once:\n%s", logs.String())
-	assert.Equal(t, 1, countLogs(logs, ktesting.LogError, "Writing CA bundle file failed"),
-		"the failure is not logged again:\n%s", logs.String())
-}
-
-// countLogs counts the entries of logs of type typ whose message starts
-// with prefix.
-func countLogs(logs ktesting.Buffer, typ ktesting.LogType, prefix string) int {
-	n := 0
-	for _, e := range logs.Data() {
-		if e.Type == typ && strings.HasPrefix(e.Message, prefix) {
-			n++
-		}
-	}
-	return n
+	assert.Equal(t, 1, logs.Infos("Wrote CA bundle file after failures"), "the recovery is logged once:\n%s", logs)
+	assert.Equal(t, 1, logs.Errors("Writing CA bundle file failed"), "the failure is not logged again:\n%s", logs)
 }

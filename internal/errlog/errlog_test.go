@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/evercert/evercert/internal/logtest"
 )
 
 // line is one log call, as the tests compare it.
@@ -17,30 +19,30 @@ type line struct {
 	err   string
 }
 
-// recorder hands out a test logger (k8s.io/klog/v2/ktesting) that keeps
-// what is logged, and returns the calls not yet taken.
+// recorder returns the calls a test logger (internal/logtest) was given
+// and not yet taken.
 type recorder struct {
-	buf   ktesting.Buffer
+	logs  *logtest.Logs
 	taken int
 }
 
 func (r *recorder) take() []line {
 	var out []line
-	data := r.buf.Data()
-	for _, e := range data[r.taken:] {
+	entries := r.logs.Entries()
+	for _, e := range entries[r.taken:] {
 		l := line{error: e.Type == ktesting.LogError, msg: e.Message}
 		if e.Err != nil {
 			l.err = e.Err.Error()
 		}
 		out = append(out, l)
 	}
-	r.taken = len(data)
+	r.taken = len(entries)
 	return out
 }
 
 func newRecorder(t *testing.T) (*recorder, klog.Logger) {
-	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
-	return &recorder{buf: logger.GetSink().(ktesting.Underlier).GetBuffer()}, logger
+	logger, _, logs := logtest.New(t)
+	return &recorder{logs: logs}, logger
 }
 
 func TestOnceLogsEachDistinctErrorOnce(t *testing.T) {

@@ -88,7 +88,7 @@ func newRegistration(kubeConfig *rest.Config, namespace, name string, port int32
 	if err != nil {
 		return nil, fmt.Errorf("building the apiregistration client: %w", err)
 	}
-	publisher, err := cabundle.New(cabundle.Config{
+	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
 		Source:           source,
 		Targets:          []cabundle.Target{{Kind: cabundle.APIService, Name: APIServiceName}},
 		AggregatorClient: client,

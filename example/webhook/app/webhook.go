@@ -66,7 +66,7 @@ func New(opts *Options) (*Webhook, error) {
 	if opts.MutatingWebhookConfiguration != "" {
 		targets = append(targets, cabundle.Target{Kind: cabundle.MutatingWebhookConfiguration, Name: opts.MutatingWebhookConfiguration, Service: svc})
 	}
-	publisher, err := cabundle.New(cabundle.Config{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
+	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
 	if err != nil {
 		return nil, err
 	}
