@@ -37,7 +37,8 @@ const (
 
 // Publisher keeps the caBundle of its targets equal to its source's current
 // bundle; see the package documentation for how. Create it with
-// [NewPublisher] and start it with [Publisher.Run]. Its methods are safe for concurrent use.
+// [NewPublisher] and start it with [Publisher.Run]. Its methods are safe
+// for concurrent use.
 //
 // A Publisher is a dynamiccert.Observer of the bundle it publishes: see
 // [Publisher.Observed].
