@@ -44,7 +44,7 @@ func TestRunOnSteppingFakeClock(t *testing.T) {
 	cfg.Clock = clk
 	// Far from the steps below, so that no tick retries in their stead.
 	cfg.Resync = time.Hour
-	p, err := New(cfg)
+	p, err := NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func TestCompetingWriterIsContestedAndConverges(t *testing.T) {
 	rec := &testRecorder{}
 	cfg := f.config(newTestCA(ours), false, Target{Kind: MutatingWebhookConfiguration, Name: name})
 	cfg.Clock, cfg.EventRecorder = clk, rec
-	p, err := New(cfg)
+	p, err := NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestServerSideApplyDoesNotForceSilently(t *testing.T) {
 	rec := &testRecorder{}
 	cfg := f.config(newTestCA(ours), true, Target{Kind: MutatingWebhookConfiguration, Name: name})
 	cfg.Clock, cfg.EventRecorder = clk, rec
-	p, err := New(cfg)
+	p, err := NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestServerSideApplyTakesOverOwnUpdateAtOnce(t *testing.T) {
 		bundle := newBundle(t, "ca")
 		cfg := f.config(newTestCA(bundle), ssa, Target{Kind: MutatingWebhookConfiguration, Name: name})
 		cfg.Clock = clocktesting.NewFakeClock(fakeStart)
-		p, err := New(cfg)
+		p, err := NewPublisher(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,9 +5,12 @@
 //
 // # Targets
 //
-// A [Publisher] writes into any number of [Target]s. Each target names one
-// kind and selects objects of that kind either by exact name or by label
-// selector:
+// A [Publisher], made by [NewPublisher] from a [PublisherConfig], writes
+// into any number of [Target]s. Each target names one kind and selects
+// objects of that kind either by exact name or by a label selector with at
+// least one requirement (a selector that matches every object of a kind is
+// refused: publishing one caBundle into every webhook configuration of a
+// cluster is never intended):
 //
 //   - ValidatingWebhookConfiguration and MutatingWebhookConfiguration
 //     (admissionregistration.k8s.io/v1): webhooks[*].clientConfig.caBundle,
@@ -40,7 +43,7 @@
 // must address by list index, it also carries the resourceVersion that was
 // read, as an optimistic-concurrency precondition: if the object changed in
 // between, the server answers 409 Conflict, and the target is retried on the
-// newer version. With [Config.UseServerSideApply] the publisher instead
+// newer version. With [PublisherConfig.UseServerSideApply] the publisher instead
 // applies an object that holds nothing but the caBundle fields it owns
 // (plus, for webhooks, the webhook name keys), under field manager
 // "evercert" (see "Server-side apply and force" below). Either way, an event
@@ -86,7 +89,7 @@
 // result "contested" counts every write held back (and every server-side
 // apply conflict); it is logged as an error when it becomes contested, with
 // the other writer; [Publisher.HealthCheck] fails while it is, naming it;
-// [Publisher.Contested] lists it; and with [Config.EventRecorder] a Warning
+// [Publisher.Contested] lists it; and with [PublisherConfig.EventRecorder] a Warning
 // Event with reason CABundleContested is sent on the object (and a Normal
 // CABundleUncontested when it clears). The fix is to remove the other
 // writer: drop caBundle from the chart, the cainjector annotation, or the
@@ -94,7 +97,7 @@
 //
 // # Server-side apply and force
 //
-// With [Config.UseServerSideApply] the publisher never takes a caBundle over
+// With [PublisherConfig.UseServerSideApply] the publisher never takes a caBundle over
 // from another field manager silently. It applies without force first. A
 // field conflict (another manager owns a selected caBundle and holds another
 // value) makes the object contested at once: counted as "contested", logged
@@ -127,14 +130,14 @@
 //
 // # Health
 //
-// [Publisher.HealthCheck], named like the publisher (Config.Name, default
+// [Publisher.HealthCheck], named like the publisher (PublisherConfig.Name, default
 // "cabundle"), fails while any target has never been published to (its
 // object is missing, has nothing to inject, or every write failed so far)
 // or any object is contested; its message names each such target or object.
 //
 // # Clock
 //
-// [Config.Clock] drives the resync ticker, the retry and contested backoffs
+// [PublisherConfig.Clock] drives the resync ticker, the retry and contested backoffs
 // (through the work queue's clock) and the contested window. Tests and the
 // fault soak pass a fake clock and step it; the informers' own timers stay on
 // the real clock.

@@ -159,9 +159,9 @@ func apiServiceE2EFixture(version, group string) *apiregistrationv1.APIService {
 }
 
 // startPublisher runs a publisher until the test ends (or stop is called).
-func startPublisher(t *testing.T, cfg Config) (*Publisher, func()) {
+func startPublisher(t *testing.T, cfg PublisherConfig) (*Publisher, func()) {
 	t.Helper()
-	p, err := New(cfg)
+	p, err := NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestE2EPublisher(t *testing.T) {
 		before[k] = publishCounts(t, k)
 	}
 
-	p, stop := startPublisher(t, Config{
+	p, stop := startPublisher(t, PublisherConfig{
 		Source:     source,
 		KubeConfig: env.c.Config(),
 		Resync:     10 * time.Second,
@@ -517,7 +517,7 @@ func testE2EServerSideApply(t *testing.T, env *e2eEnv) {
 
 	bundle := newBundle(t, "ssa-1")
 	source := newTestCA(bundle)
-	p, _ := startPublisher(t, Config{
+	p, _ := startPublisher(t, PublisherConfig{
 		Source:             source,
 		KubeConfig:         env.c.Config(),
 		UseServerSideApply: true,
@@ -688,7 +688,7 @@ func testE2ENoPatchPermission(t *testing.T, env *e2eEnv, vwcName string) {
 	})
 	prev := rd.vwc(vwcName, "svc1.evercert.test")
 	before := publishCounts(t, ValidatingWebhookConfiguration)
-	p, _ := startPublisher(t, Config{
+	p, _ := startPublisher(t, PublisherConfig{
 		Source:     newTestCA(newBundle(t, "forbidden")),
 		KubeConfig: env.c.UserConfig(noPatchUser),
 		Targets:    []Target{{Kind: ValidatingWebhookConfiguration, Name: vwcName}},
@@ -718,7 +718,7 @@ func testE2EMinimalRBAC(t *testing.T, env *e2eEnv, mwcName string) {
 	})
 	for _, ssa := range []bool{false, true} {
 		bundle := newBundle(t, "minimal")
-		p, stop := startPublisher(t, Config{
+		p, stop := startPublisher(t, PublisherConfig{
 			Source:             newTestCA(bundle),
 			KubeConfig:         env.c.UserConfig(minimalUser),
 			UseServerSideApply: ssa,
@@ -749,7 +749,7 @@ func TestE2EAPIServerDown(t *testing.T) {
 	}
 	source := newTestCA(newBundle(t, "before-restart"))
 	before := publishCounts(t, MutatingWebhookConfiguration)
-	p, _ := startPublisher(t, Config{
+	p, _ := startPublisher(t, PublisherConfig{
 		Source:     source,
 		KubeConfig: env.c.Config(),
 		Targets:    []Target{{Kind: MutatingWebhookConfiguration, Name: name}},
@@ -797,7 +797,7 @@ func TestE2ECompetingWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopEvents(); broadcaster.Shutdown() })
-	p, _ := startPublisher(t, Config{
+	p, _ := startPublisher(t, PublisherConfig{
 		Source:        newTestCA(ours),
 		KubeConfig:    env.c.Config(),
 		Targets:       []Target{{Kind: MutatingWebhookConfiguration, Name: name}},

@@ -5,12 +5,70 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/klog/v2"
 )
 
-// HealthCheck returns a health check, named like the publisher (Config.Name,
+// This file holds readiness and health: which targets have been published
+// to once (Ready), and the health check.
+
+// Ready returns a channel that is closed once every target has been
+// published to successfully at least once: for a named target, once the
+// object holds the bundle (written by the publisher, or found already
+// right); for a selector target, once a pass over all objects it selected
+// at that time succeeded, even if it selected none. It stays open while
+// any named target is missing, has nothing to inject, or cannot be written,
+// and forever if Run stops before that.
+func (p *Publisher) Ready() <-chan struct{} { return p.ready.done }
+
+// readiness records which targets, by index, have been published to once,
+// and closes done when all have. It is safe for concurrent use.
+type readiness struct {
+	done chan struct{}
+
+	mu        sync.Mutex
+	published []bool
+	left      int // targets not published yet
+}
+
+func newReadiness(targets int) *readiness {
+	return &readiness{done: make(chan struct{}), published: make([]bool, targets), left: targets}
+}
+
+// mark records that t has been published to once, logging the first time,
+// and closes done when it was the last one.
+func (r *readiness) mark(logger klog.Logger, t *targetState) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.published[t.index] {
+		return
+	}
+	r.published[t.index] = true
+	r.left--
+	logger.V(1).Info("Target published", "target", t.Target.String())
+	if r.left == 0 {
+		close(r.done)
+		logger.Info("caBundle published to every target", "targets", len(r.published))
+	}
+}
+
+// waiting returns the indexes of the targets not published to yet.
+func (r *readiness) waiting() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int
+	for i, ok := range r.published {
+		if !ok {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// HealthCheck returns a health check, named like the publisher (PublisherConfig.Name,
 // default "cabundle"), for a readiness or health endpoint. It fails while
 // any target has never been published to (its object is missing, has
 // nothing to publish to, or every write failed so far) or any object's
@@ -27,22 +85,15 @@ func (h healthCheck) Name() string { return h.p.name }
 func (h healthCheck) Check(*http.Request) error {
 	p := h.p
 	var problems []string
-	p.mu.Lock()
-	var waiting []*targetState
-	for _, t := range p.targets {
-		if !t.ready {
-			waiting = append(waiting, t)
-		}
-	}
-	p.mu.Unlock()
-	for _, t := range waiting {
+	for _, i := range p.ready.waiting() {
+		t := p.targets[i]
 		what := t.Target.String()
 		if t.Name != "" {
 			what = objectKey(t.Kind, t.Name)
 		}
 		msg := what + ": not published yet"
 		if t.Name != "" {
-			if state := p.loggedState(objectKey(t.Kind, t.Name)); state != "" && state != "ok" {
+			if state := p.logs.State(objectKey(t.Kind, t.Name)); state != "" {
 				msg += " (" + state + ")"
 			}
 		}

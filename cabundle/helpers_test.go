@@ -12,15 +12,18 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsfake "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset/fake"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/component-base/metrics/testutil"
+	aggregatorfake "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/fake"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -273,4 +276,24 @@ func maxContestedWrites(d time.Duration) int {
 		n++
 		delay = min(2*delay, contestMaxDelay)
 	}
+}
+
+// adapterOf builds the adapter of kind through the registry of kinds, on
+// fake clients that nothing is sent to.
+func adapterOf(t *testing.T, kind Kind) *kindAdapter {
+	t.Helper()
+	build, ok := kinds[kind]
+	if !ok {
+		t.Fatalf("kind %s is not registered", kind)
+	}
+	a, err := build(&clients{cfg: &PublisherConfig{
+		KubeClient: kubefake.NewClientset(), APIExtensionsClient: apiextensionsfake.NewClientset(), AggregatorClient: aggregatorfake.NewClientset(),
+	}})
+	if err != nil {
+		t.Fatalf("building the adapter of %s: %v", kind, err)
+	}
+	if a.kind != kind {
+		t.Fatalf("the registry builds a %s adapter for kind %s", a.kind, kind)
+	}
+	return a
 }

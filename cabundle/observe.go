@@ -3,7 +3,6 @@ package cabundle
 import (
 	"crypto/x509"
 	"slices"
-	"sync"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
@@ -29,7 +28,7 @@ type objectReadBack struct {
 	held map[string]bool
 }
 
-// Name returns the publisher's name (Config.Name, default "cabundle"), which
+// Name returns the publisher's name (PublisherConfig.Name, default "cabundle"), which
 // is also the name of its health check.
 func (p *Publisher) Name() string { return p.name }
 
@@ -37,7 +36,7 @@ func (p *Publisher) Name() string { return p.name }
 // holds, as read back from the API server, changes, and when a target's
 // informer has listed its objects: an issuer waiting for Observed re-checks
 // at once. Listeners must not block.
-func (p *Publisher) AddListener(l dynamiccertificates.Listener) { p.listeners.add(l) }
+func (p *Publisher) AddListener(l dynamiccertificates.Listener) { p.listeners.Add(l) }
 
 // Observed reports whether every selected caBundle field of every object of
 // every target holds ca, as read back from the API server: in the informer
@@ -129,7 +128,7 @@ func (p *Publisher) observe(t *targetState, name string, v *objectView) {
 		t.readBack[name] = objectReadBack{fields: fields, held: heldByAll(fields)}
 	}
 	p.obsMu.Unlock()
-	p.listeners.notify()
+	p.listeners.Notify()
 }
 
 // heldByAll returns the fingerprints of the CAs that every PEM bundle of
@@ -162,28 +161,4 @@ func heldByAll(fields []string) map[string]bool {
 		}
 	}
 	return held
-}
-
-// listeners is the set of listeners notified when the read-back state
-// changes. The zero value is ready to use and safe for concurrent use.
-type listeners struct {
-	mu sync.Mutex
-	ls []dynamiccertificates.Listener
-}
-
-func (l *listeners) add(listener dynamiccertificates.Listener) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ls = append(l.ls, listener)
-}
-
-// notify calls Enqueue on every listener, inline: listeners must not block
-// (upstream ones add to a work queue).
-func (l *listeners) notify() {
-	l.mu.Lock()
-	ls := l.ls
-	l.mu.Unlock()
-	for _, listener := range ls {
-		listener.Enqueue()
-	}
 }

@@ -140,13 +140,13 @@ func TestObservedFollowsReadBack(t *testing.T) {
 	clk := clocktesting.NewFakeClock(fakeStart)
 	cfg := f.config(newTestCA(bundle), false, Target{Kind: MutatingWebhookConfiguration, Name: name})
 	cfg.Clock, cfg.Name = clk, "webhook-cabundle"
-	p, err := New(cfg)
+	p, err := NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var obs dynamiccert.Observer = p
 	if obs.Name() != "webhook-cabundle" || p.HealthCheck().Name() != "webhook-cabundle" {
-		t.Errorf("names %q, %q, want Config.Name", obs.Name(), p.HealthCheck().Name())
+		t.Errorf("names %q, %q, want PublisherConfig.Name", obs.Name(), p.HealthCheck().Name())
 	}
 	l := &countingListener{}
 	p.AddListener(l)
@@ -220,7 +220,7 @@ func TestObservedIgnoresWhatCannotBlock(t *testing.T) {
 	vwc.ResourceVersion = ""
 	f := fakeClients{kube: kubefake.NewClientset(vwc,
 		&admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "empty"}})}
-	p, err := New(f.config(newTestCA(bundle), false,
+	p, err := NewPublisher(f.config(newTestCA(bundle), false,
 		Target{Kind: ValidatingWebhookConfiguration, Name: "vwc", Service: &ServiceRef{Namespace: "ns1", Name: "svc1"}},
 		Target{Kind: MutatingWebhookConfiguration, Name: "empty"},
 		Target{Kind: MutatingWebhookConfiguration, Name: "missing"},

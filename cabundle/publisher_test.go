@@ -24,6 +24,7 @@ import (
 	aggregatorfake "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/fake"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/logtest"
 )
 
 // fakeClients holds one fake clientset per API group.
@@ -33,8 +34,8 @@ type fakeClients struct {
 	agg  *aggregatorfake.Clientset
 }
 
-func (f fakeClients) config(source *testCA, ssa bool, targets ...Target) Config {
-	return Config{
+func (f fakeClients) config(source *testCA, ssa bool, targets ...Target) PublisherConfig {
+	return PublisherConfig{
 		Source: source, Targets: targets, UseServerSideApply: ssa,
 		KubeClient: f.kube, APIExtensionsClient: f.ext, AggregatorClient: f.agg,
 	}
@@ -96,7 +97,14 @@ func apiServiceFixture(name string, lbls map[string]string, bundle []byte) *apir
 // that Run returned nil.
 func runPublisher(t *testing.T, p *Publisher) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return runPublisherIn(t, context.Background(), p)
+}
+
+// runPublisherIn is runPublisher with Run's parent context, for a test that
+// gives the publisher a logger (internal/logtest).
+func runPublisherIn(t *testing.T, parent context.Context, p *Publisher) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	stopped := false
@@ -163,7 +171,7 @@ func TestPublisherWithFakes(t *testing.T) {
 		before[k] = publishCounts(t, k)
 	}
 
-	p, err := New(f.config(source, false,
+	p, err := NewPublisher(f.config(source, false,
 		Target{Kind: ValidatingWebhookConfiguration, Name: "vwc", Service: &ServiceRef{Namespace: "ns1", Name: "svc1"}},
 		Target{Kind: MutatingWebhookConfiguration, Name: "mwc"},
 		Target{Kind: CustomResourceDefinition, Name: "foos.example.com"},
@@ -270,15 +278,22 @@ func TestPublisherWithFakes(t *testing.T) {
 func TestPublisherWaitsForMissingObject(t *testing.T) {
 	bundle := newBundle(t, "ca")
 	f := fakeClients{kube: kubefake.NewClientset()}
-	p, err := New(f.config(newTestCA(bundle), false, Target{Kind: MutatingWebhookConfiguration, Name: "later"}))
+	p, err := NewPublisher(f.config(newTestCA(bundle), false, Target{Kind: MutatingWebhookConfiguration, Name: "later"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	runPublisher(t, p)
+	_, ctx, logs := logtest.New(t)
+	runPublisherIn(t, ctx, p)
 	select {
 	case <-p.Ready():
 		t.Fatal("Ready closed while the object does not exist")
 	case <-time.After(300 * time.Millisecond):
+	}
+	// The wait is logged, and the health check says what is awaited.
+	eventually(t, 5*time.Second, "the wait is logged", func() bool { return logs.Infos("Waiting for the object to exist") == 1 })
+	const want = "MutatingWebhookConfiguration/later: not published yet (waiting: missing)"
+	if err := p.HealthCheck().Check(nil); err == nil || err.Error() != want {
+		t.Errorf("health check %v, want %q", err, want)
 	}
 	if _, err := f.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(context.Background(),
 		&admissionregistrationv1.MutatingWebhookConfiguration{
@@ -300,9 +315,10 @@ func TestPublisherWaitsForMissingObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "bookkeeping dropped", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.logged[objectKey(MutatingWebhookConfiguration, "later")] != "ok"
+		p.writes.mu.Lock()
+		defer p.writes.mu.Unlock()
+		_, ok := p.writes.last[objectKey(MutatingWebhookConfiguration, "later")]
+		return !ok
 	})
 	if _, err := mwcs.Create(context.Background(), &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "later"},
@@ -336,16 +352,25 @@ func TestPublisherErrorsAndConflictsAreRetried(t *testing.T) {
 		return true, nil, err
 	})
 	before := publishCounts(t, APIService)
-	p, err := New(f.config(newTestCA(bundle), false, Target{Kind: APIService, Name: "v1.example.com"}))
+	p, err := NewPublisher(f.config(newTestCA(bundle), false, Target{Kind: APIService, Name: "v1.example.com"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	runPublisher(t, p)
+	_, ctx, logs := logtest.New(t)
+	runPublisherIn(t, ctx, p)
 	// Backoff: 100+200+400+800 ms before the fifth attempt.
 	waitReady(t, p, 10*time.Second)
 	d := countsDelta(before, publishCounts(t, APIService))
 	if d[resultConflict] != 2 || d[resultError] != 2 || d[resultSuccess] != 1 {
 		t.Errorf("metrics delta %v, want 2 conflicts, 2 errors, 1 success", d)
+	}
+	// The same forbidden twice is one error line, the success after it one
+	// recovery line; conflicts are expected and not errors.
+	if n := logs.Errors("Failed to publish caBundle"); n != 1 {
+		t.Errorf("%d error lines for one error retried twice, want 1:\n%s", n, logs)
+	}
+	if n := logs.Infos("caBundle publishing recovered"); n != 1 {
+		t.Errorf("%d recovery lines, want 1:\n%s", n, logs)
 	}
 }
 
@@ -355,7 +380,7 @@ func TestPublisherServerSideApplyWithFakes(t *testing.T) {
 	vwc := vwcFixture(old, nil)
 	vwc.ResourceVersion = ""
 	f := fakeClients{kube: kubefake.NewClientset(vwc)}
-	p, err := New(f.config(newTestCA(bundle), true,
+	p, err := NewPublisher(f.config(newTestCA(bundle), true,
 		Target{Kind: ValidatingWebhookConfiguration, Name: "vwc", Service: &ServiceRef{Namespace: "ns1", Name: "svc1"}}))
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +419,7 @@ func TestPublisherWithStaticCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := fakeClients{agg: aggregatorfake.NewClientset(apiServiceFixture("v1.example.com", nil, nil))}
-	p, err := New(Config{Source: source, AggregatorClient: f.agg, Targets: []Target{{Kind: APIService, Name: "v1.example.com"}}})
+	p, err := NewPublisher(PublisherConfig{Source: source, AggregatorClient: f.agg, Targets: []Target{{Kind: APIService, Name: "v1.example.com"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +434,7 @@ func TestPublisherWithStaticCA(t *testing.T) {
 func TestPublisherEmptyBundleIsNeverWritten(t *testing.T) {
 	f := fakeClients{agg: aggregatorfake.NewClientset(apiServiceFixture("v1.example.com", nil, []byte("keep")))}
 	source := newTestCA(nil)
-	p, err := New(f.config(source, false, Target{Kind: APIService, Name: "v1.example.com"}))
+	p, err := NewPublisher(f.config(source, false, Target{Kind: APIService, Name: "v1.example.com"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,17 +453,19 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	ok := Target{Kind: APIService, Name: "x"}
 	for _, tc := range []struct {
 		name    string
-		cfg     Config
+		cfg     PublisherConfig
 		wantErr string
 	}{
-		{"no source", Config{Targets: []Target{ok}}, "Source"},
-		{"no targets", Config{Source: src}, "Targets"},
-		{"negative resync", Config{Source: src, Targets: []Target{ok}, Resync: -time.Second}, "Resync"},
-		{"bad target", Config{Source: src, Targets: []Target{ok, {Kind: APIService}}}, "target 1"},
-		{"no client", Config{Source: src, Targets: []Target{ok}}, "KubeConfig"},
+		{"no source", PublisherConfig{Targets: []Target{ok}}, "PublisherConfig.Source is required"},
+		{"no targets", PublisherConfig{Source: src}, "PublisherConfig.Targets is empty"},
+		{"negative resync", PublisherConfig{Source: src, Targets: []Target{ok}, Resync: -time.Second}, "PublisherConfig.Resync must not be negative"},
+		{"bad target", PublisherConfig{Source: src, Targets: []Target{ok, {Kind: APIService}}}, "PublisherConfig.Targets[1]: neither Name nor Selector"},
+		{"selects everything", PublisherConfig{Source: src, Targets: []Target{{Kind: MutatingWebhookConfiguration, Selector: labels.Everything()}}},
+			"PublisherConfig.Targets[0].Selector \"\" matches every MutatingWebhookConfiguration of the cluster"},
+		{"no client", PublisherConfig{Source: src, Targets: []Target{ok}}, "neither PublisherConfig.AggregatorClient nor PublisherConfig.KubeConfig is set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := New(tc.cfg)
+			_, err := NewPublisher(tc.cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("error %v, want one mentioning %q", err, tc.wantErr)
 			}
@@ -450,11 +477,11 @@ func TestRunTwiceFailsAndNoGoroutineOutlivesRun(t *testing.T) {
 	f := fakeClients{
 		kube: kubefake.NewClientset(), ext: apiextensionsfake.NewClientset(), agg: aggregatorfake.NewClientset(),
 	}
-	p, err := New(f.config(newTestCA([]byte("x")), false,
+	p, err := NewPublisher(f.config(newTestCA([]byte("x")), false,
 		Target{Kind: ValidatingWebhookConfiguration, Name: "a"},
-		Target{Kind: MutatingWebhookConfiguration, Selector: labels.Everything()},
+		Target{Kind: MutatingWebhookConfiguration, Selector: labels.SelectorFromSet(labels.Set{"app": "b"})},
 		Target{Kind: CustomResourceDefinition, Name: "c.example.com"},
-		Target{Kind: APIService, Selector: labels.Everything()},
+		Target{Kind: APIService, Selector: labels.SelectorFromSet(labels.Set{"app": "d"})},
 	))
 	if err != nil {
 		t.Fatal(err)

@@ -1,36 +1,11 @@
 package cabundle
 
 import (
-	"errors"
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-)
-
-// Kind is the kind of object a [Target] writes into. Its value is the
-// Kubernetes kind name, and is also the "kind" label of
-// evercert_cabundle_publish_total.
-type Kind string
-
-// The kinds a [Publisher] can write into.
-const (
-	// ValidatingWebhookConfiguration is an admissionregistration.k8s.io/v1
-	// ValidatingWebhookConfiguration; the field is
-	// webhooks[*].clientConfig.caBundle.
-	ValidatingWebhookConfiguration Kind = "ValidatingWebhookConfiguration"
-	// MutatingWebhookConfiguration is an admissionregistration.k8s.io/v1
-	// MutatingWebhookConfiguration; the field is
-	// webhooks[*].clientConfig.caBundle.
-	MutatingWebhookConfiguration Kind = "MutatingWebhookConfiguration"
-	// CustomResourceDefinition is an apiextensions.k8s.io/v1
-	// CustomResourceDefinition; the field is
-	// spec.conversion.webhook.clientConfig.caBundle, written only while the
-	// conversion strategy is Webhook.
-	CustomResourceDefinition Kind = "CustomResourceDefinition"
-	// APIService is an apiregistration.k8s.io/v1 APIService; the field is
-	// spec.caBundle, written only for APIServices with a spec.service.
-	APIService Kind = "APIService"
 )
 
 // Target selects the objects of one kind whose caBundle a [Publisher] keeps
@@ -42,7 +17,10 @@ type Target struct {
 	// exist yet: the publisher waits for it.
 	Name string
 	// Selector selects every object whose labels match, including objects
-	// created later. labels.Everything() selects every object of the kind.
+	// created later. It must have at least one requirement: a selector that
+	// matches every object (labels.Everything(), an empty selector) is
+	// refused, since publishing one caBundle into every object of a kind in
+	// the cluster is never intended, and so is labels.Nothing().
 	Selector labels.Selector
 	// Service, when set, restricts the fields written to those whose client
 	// configuration refers to this Service: for webhook configurations the
@@ -83,30 +61,38 @@ func (t Target) String() string {
 	return s
 }
 
-// validate checks that the target is complete and unambiguous.
-func (t Target) validate() error {
-	switch t.Kind {
-	case ValidatingWebhookConfiguration, MutatingWebhookConfiguration, CustomResourceDefinition, APIService:
-	case "":
-		return errors.New("kind is not set")
-	default:
-		return fmt.Errorf("unsupported kind %q", t.Kind)
+// validate checks that the target is complete and unambiguous. Its errors
+// start with field, the target's place in the configuration (such as
+// "PublisherConfig.Targets[1]"), followed by the offending field of Target.
+func (t Target) validate(field string) error {
+	if t.Kind == "" {
+		return fmt.Errorf("%s.Kind is not set", field)
+	}
+	if _, ok := kinds[t.Kind]; !ok {
+		return fmt.Errorf("%s.Kind %q is not supported (supported: %v)", field, t.Kind, registeredKinds())
 	}
 	switch {
 	case t.Name == "" && t.Selector == nil:
-		return errors.New("neither name nor selector is set")
+		return fmt.Errorf("%s: neither Name nor Selector is set", field)
 	case t.Name != "" && t.Selector != nil:
-		return errors.New("both name and selector are set")
+		return fmt.Errorf("%s: both Name and Selector are set", field)
 	case t.Name != "":
 		// Every one of these kinds is named like a DNS subdomain; checking
 		// here turns a typo into an error at start-up instead of a target
 		// that waits forever.
 		if errs := validation.IsDNS1123Subdomain(t.Name); len(errs) > 0 {
-			return fmt.Errorf("invalid name %q: %v", t.Name, errs)
+			return fmt.Errorf("%s.Name %q is invalid: %s", field, t.Name, strings.Join(errs, "; "))
+		}
+	case t.Selector.Empty():
+		return fmt.Errorf("%s.Selector %q matches every %s of the cluster, which is never intended; select the objects with at least one label requirement",
+			field, t.Selector.String(), t.Kind)
+	default:
+		if _, selectable := t.Selector.Requirements(); !selectable {
+			return fmt.Errorf("%s.Selector matches nothing (labels.Nothing())", field)
 		}
 	}
 	if t.Service != nil && (t.Service.Namespace == "" || t.Service.Name == "") {
-		return fmt.Errorf("service %q needs both namespace and name", t.Service.String())
+		return fmt.Errorf("%s.Service %q needs both Namespace and Name", field, t.Service.String())
 	}
 	return nil
 }
@@ -130,3 +116,7 @@ func (t Target) wantsService(svc *ServiceRef) bool {
 	}
 	return svc != nil && *svc == *t.Service
 }
+
+// objectKey identifies one object, e.g. "ValidatingWebhookConfiguration/x",
+// in the publisher's bookkeeping, in Pending and in the health check.
+func objectKey(kind Kind, name string) string { return string(kind) + "/" + name }

@@ -18,15 +18,18 @@ import (
 // compares its objects in the informer cache with the bundle, and writes
 // what differs, unless contested tracking (contest.go) holds the write back.
 
-// writeRecord remembers a successful write so that a cache which has not yet
-// seen it is not mistaken for drift: without it, every event that arrives
-// between the write and its watch event would write again (and, with the
-// resourceVersion precondition, fail with a spurious conflict).
-type writeRecord struct {
-	// fromRV is the resourceVersion the write was based on.
-	fromRV string
-	bundle string
-}
+// Result values of evercert_cabundle_publish_total.
+const (
+	resultSuccess   = "success"
+	resultUnchanged = "unchanged"
+	resultConflict  = "conflict"
+	resultError     = "error"
+	resultContested = "contested"
+)
+
+// sourceKey is the key, in Publisher.logs, of the wait for the source to
+// have a bundle.
+const sourceKey = "source"
 
 // processNext works on one target; it returns false once the queue is shut
 // down. A failed write is retried after the target's backoff; a target that
@@ -69,10 +72,10 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 	if len(bundle) == 0 {
 		// An empty caBundle would make the API server fall back to the
 		// system roots; never write one.
-		p.logState("source", "waiting", "Waiting for the CA provider to have a bundle", "provider", p.source.Name())
+		p.logs.Get(sourceKey).Info(p.logger, "waiting", "Waiting for the CA provider to have a bundle", "provider", p.source.Name())
 		return 0, nil
 	}
-	p.logState("source", "ok", "")
+	p.logs.Get(sourceKey).Reset()
 
 	var views []objectView
 	indexer := t.informer.GetIndexer()
@@ -82,7 +85,7 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 			return 0, fmt.Errorf("reading %s %q from the informer cache: %w", t.Kind, t.Name, err)
 		}
 		if !exists {
-			p.logState(objectKey(t.Kind, t.Name), "waiting: missing",
+			p.logs.Get(objectKey(t.Kind, t.Name)).Info(p.logger, "waiting: missing",
 				"Waiting for the object to exist before publishing its caBundle", "kind", t.Kind, "name", t.Name)
 			return 0, nil
 		}
@@ -119,7 +122,7 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 		return after, errors.Join(errs...)
 	}
 	if published {
-		p.markReady(t)
+		p.ready.mark(p.logger, t)
 	}
 	return after, nil
 }
@@ -139,7 +142,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 			reason = "no caBundle field of it refers to service " + t.Service.String()
 		}
 		if t.Name != "" {
-			p.logState(key, "waiting: "+reason,
+			p.logs.Get(key).Info(p.logger, "waiting: "+reason,
 				"Waiting for the object to have a caBundle field to publish to", "kind", kind, "name", v.name, "reason", reason)
 		} else {
 			// A selector can legitimately match objects of no concern.
@@ -147,7 +150,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		}
 		return false, 0, nil
 	}
-	if p.cacheBehindOwnWrite(key, v.resourceVersion, bundle) {
+	if p.writes.cacheBehind(key, v.resourceVersion, bundle) {
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
 		return true, 0, nil
 	}
@@ -159,7 +162,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	}
 	if stale == 0 {
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
-		p.logState(key, "ok", "")
+		p.recovered(key)
 		// A contested object that holds the bundle is cleared once it has
 		// held it long enough; until then, look again when it will have.
 		return true, p.settle(t, v), nil
@@ -198,9 +201,9 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	}
 	switch {
 	case err == nil:
-		p.recordWrite(key, v.resourceVersion, bundle)
+		p.writes.record(key, v.resourceVersion, bundle)
 		certmetrics.CABundlePublished(string(kind), resultSuccess)
-		p.logState(key, "ok", "")
+		p.recovered(key)
 		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa, "forced", force)
 		if g.contested {
 			// The write stands once it has held for the time returned.
@@ -236,7 +239,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	default:
 		certmetrics.CABundlePublished(string(kind), resultError)
 		err = fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
-		p.logErrorOnce(key, err)
+		p.logs.Get(key).Error(p.logger, err, "Failed to publish caBundle, will retry with backoff", "object", key)
 		return false, 0, err
 	}
 }
@@ -258,55 +261,15 @@ func (p *Publisher) selectedSlots(kind Kind, v objectView) []slot {
 	return out
 }
 
-// markReady records that t has been published once, and closes the ready
-// channel when it was the last one.
-func (p *Publisher) markReady(t *targetState) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t.ready {
-		return
-	}
-	t.ready = true
-	p.notReady--
-	p.logger.V(1).Info("Target published", "target", t.Target.String())
-	if p.notReady == 0 {
-		close(p.ready)
-		p.logger.Info("caBundle published to every target", "targets", len(p.targets))
-	}
-}
-
-// recordWrite remembers that the object key, at resourceVersion fromRV, was
-// successfully written with bundle.
-func (p *Publisher) recordWrite(key, fromRV string, bundle []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.written[key] = writeRecord{fromRV: fromRV, bundle: string(bundle)}
-}
-
-// cacheBehindOwnWrite reports whether the cached object at rv is the very
-// version our last write of bundle was based on: then the server already has
-// the bundle and the write's watch event is on its way. Any other version
-// (someone else's write, or our write arriving) ends that state. Objects
-// without a resourceVersion (fake clients) are never treated so.
-func (p *Publisher) cacheBehindOwnWrite(key, rv string, bundle []byte) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	w, ok := p.written[key]
-	if !ok || rv == "" {
-		return false
-	}
-	if w.fromRV == rv && w.bundle == string(bundle) {
-		return true
-	}
-	delete(p.written, key)
-	return false
+// recovered records that the object key holds the bundle, and logs that
+// publishing to it recovered if it last failed.
+func (p *Publisher) recovered(key string) {
+	p.logs.Get(key).Recovered(p.logger, "caBundle publishing recovered", "object", key)
 }
 
 // forget drops the log, write and contest bookkeeping of an object.
 func (p *Publisher) forget(key string) {
-	p.mu.Lock()
-	delete(p.logged, key)
-	delete(p.written, key)
-	p.mu.Unlock()
+	p.logs.Forget(key)
+	p.writes.forget(key)
 	p.contests.forget(key)
 }

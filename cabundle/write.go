@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -105,4 +106,59 @@ func statusCauses(err error) []metav1.StatusCause {
 		return nil
 	}
 	return status.Status().Details.Causes
+}
+
+// writes remembers, by object key, the last successful write of each
+// object, so that a cache which has not yet seen it is not mistaken for
+// drift: without it, every event that arrives between the write and its
+// watch event would write again (and, with the resourceVersion
+// precondition, fail with a spurious conflict). The zero value is ready to
+// use, and writes is safe for concurrent use.
+type writes struct {
+	mu   sync.Mutex
+	last map[string]writeRecord
+}
+
+// writeRecord is one successful write.
+type writeRecord struct {
+	// fromRV is the resourceVersion the write was based on.
+	fromRV string
+	bundle string
+}
+
+// record remembers that the object key, at resourceVersion fromRV, was
+// successfully written with bundle.
+func (w *writes) record(key, fromRV string, bundle []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.last == nil {
+		w.last = make(map[string]writeRecord)
+	}
+	w.last[key] = writeRecord{fromRV: fromRV, bundle: string(bundle)}
+}
+
+// cacheBehind reports whether the cached object at rv is the very version
+// our last write of bundle was based on: then the server already has the
+// bundle and the write's watch event is on its way. Any other version
+// (someone else's write, or our write arriving) ends that state. Objects
+// without a resourceVersion (fake clients) are never treated so.
+func (w *writes) cacheBehind(key, rv string, bundle []byte) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok := w.last[key]
+	if !ok || rv == "" {
+		return false
+	}
+	if r.fromRV == rv && r.bundle == string(bundle) {
+		return true
+	}
+	delete(w.last, key)
+	return false
+}
+
+// forget drops what is remembered of key.
+func (w *writes) forget(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.last, key)
 }

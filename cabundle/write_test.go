@@ -38,7 +38,7 @@ func publisherFor(t *testing.T, ssa bool, targets ...Target) *Publisher {
 	t.Helper()
 	p := &Publisher{ssa: ssa, fieldManager: DefaultFieldManager}
 	for _, tg := range targets {
-		if err := tg.validate(); err != nil {
+		if err := tg.validate("target"); err != nil {
 			t.Fatalf("target %s: %v", tg, err)
 		}
 		p.targets = append(p.targets, &targetState{Target: tg})
@@ -57,7 +57,7 @@ func decodeOps(t *testing.T, data []byte) []jsonPatchOp {
 
 func TestJSONPatchTouchesOnlySelectedStaleCABundles(t *testing.T) {
 	old, bundle := []byte("old"), []byte("new bundle")
-	a := validatingWebhookAdapter(nil)
+	a := adapterOf(t, ValidatingWebhookConfiguration)
 	v, ok := a.view(vwcFixture(old, bundle))
 	if !ok {
 		t.Fatal("view rejected a ValidatingWebhookConfiguration")
@@ -114,7 +114,7 @@ func TestJSONPatchTouchesOnlySelectedStaleCABundles(t *testing.T) {
 }
 
 func TestSelectedSlotsUnionAcrossTargets(t *testing.T) {
-	a := validatingWebhookAdapter(nil)
+	a := adapterOf(t, ValidatingWebhookConfiguration)
 	v, _ := a.view(vwcFixture(nil, nil))
 	p := publisherFor(t, true,
 		Target{Kind: ValidatingWebhookConfiguration, Name: "vwc", Service: &ServiceRef{Namespace: "ns1", Name: "svc1"}},
@@ -136,7 +136,7 @@ func TestSelectedSlotsUnionAcrossTargets(t *testing.T) {
 func TestApplyBodiesHoldOnlyOwnedFields(t *testing.T) {
 	bundle := []byte("B")
 	b64 := "Qg=="
-	vwcView, _ := validatingWebhookAdapter(nil).view(vwcFixture(nil, nil))
+	vwcView, _ := adapterOf(t, ValidatingWebhookConfiguration).view(vwcFixture(nil, nil))
 	p := publisherFor(t, true, Target{Kind: ValidatingWebhookConfiguration, Name: "vwc", Service: &ServiceRef{Namespace: "ns1", Name: "svc1"}})
 
 	for _, tc := range []struct {
@@ -145,16 +145,16 @@ func TestApplyBodiesHoldOnlyOwnedFields(t *testing.T) {
 		v    objectView
 		want string
 	}{
-		{"validating", validatingWebhookAdapter(nil), vwcView,
+		{"validating", adapterOf(t, ValidatingWebhookConfiguration), vwcView,
 			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingWebhookConfiguration","metadata":{"name":"vwc"},
 			  "webhooks":[{"name":"a.example.com","clientConfig":{"caBundle":"` + b64 + `"}},{"name":"d.example.com","clientConfig":{"caBundle":"` + b64 + `"}}]}`},
-		{"mutating", mutatingWebhookAdapter(nil), objectView{name: "m", slots: []slot{{webhook: "w"}}},
+		{"mutating", adapterOf(t, MutatingWebhookConfiguration), objectView{name: "m", slots: []slot{{webhook: "w"}}},
 			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"MutatingWebhookConfiguration","metadata":{"name":"m"},
 			  "webhooks":[{"name":"w","clientConfig":{"caBundle":"` + b64 + `"}}]}`},
-		{"crd", crdAdapter(nil), objectView{name: "foos.example.com", slots: []slot{{}}},
+		{"crd", adapterOf(t, CustomResourceDefinition), objectView{name: "foos.example.com", slots: []slot{{}}},
 			`{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"foos.example.com"},
 			  "spec":{"conversion":{"webhook":{"clientConfig":{"caBundle":"` + b64 + `"}}}}}`},
-		{"apiservice", apiServiceAdapter(nil), objectView{name: "v1.example.com", slots: []slot{{}}},
+		{"apiservice", adapterOf(t, APIService), objectView{name: "v1.example.com", slots: []slot{{}}},
 			`{"apiVersion":"apiregistration.k8s.io/v1","kind":"APIService","metadata":{"name":"v1.example.com"},
 			  "spec":{"caBundle":"` + b64 + `"}}`},
 	} {
@@ -212,7 +212,7 @@ func TestViewsExplainWhyNothingToWrite(t *testing.T) {
 		{"apiservice", apiServiceView(&apiregistrationv1.APIService{Spec: apiregistrationv1.APIServiceSpec{
 			Service: svc("ns", "s")}}), 1, ""},
 		{"empty webhook configuration", func() objectView {
-			v, _ := mutatingWebhookAdapter(nil).view(&admissionregistrationv1.MutatingWebhookConfiguration{})
+			v, _ := adapterOf(t, MutatingWebhookConfiguration).view(&admissionregistrationv1.MutatingWebhookConfiguration{})
 			return v
 		}(), 0, "no webhooks"},
 	} {
@@ -238,15 +238,18 @@ func TestTargetValidation(t *testing.T) {
 		wantErr string
 	}{
 		{Target{Kind: APIService, Name: "v1.example.com"}, ""},
-		{Target{Kind: APIService, Selector: labels.Everything()}, ""},
-		{Target{Name: "x"}, "kind is not set"},
-		{Target{Kind: "Secret", Name: "x"}, "unsupported kind"},
-		{Target{Kind: APIService}, "neither name nor selector"},
-		{Target{Kind: APIService, Name: "x", Selector: labels.Everything()}, "both name and selector"},
-		{Target{Kind: APIService, Name: "Not_A_Name"}, "invalid name"},
-		{Target{Kind: APIService, Name: "x", Service: &ServiceRef{Name: "s"}}, "namespace and name"},
+		{Target{Kind: APIService, Selector: labels.SelectorFromSet(labels.Set{"app": "x"})}, ""},
+		{Target{Name: "x"}, "T.Kind is not set"},
+		{Target{Kind: "Secret", Name: "x"}, `T.Kind "Secret" is not supported (supported: [APIService CustomResourceDefinition MutatingWebhookConfiguration ValidatingWebhookConfiguration])`},
+		{Target{Kind: APIService}, "T: neither Name nor Selector is set"},
+		{Target{Kind: APIService, Name: "x", Selector: labels.Everything()}, "T: both Name and Selector are set"},
+		{Target{Kind: APIService, Name: "Not_A_Name"}, `T.Name "Not_A_Name" is invalid`},
+		{Target{Kind: APIService, Selector: labels.Everything()}, `T.Selector "" matches every APIService of the cluster`},
+		{Target{Kind: APIService, Selector: labels.NewSelector()}, `T.Selector "" matches every APIService of the cluster`},
+		{Target{Kind: APIService, Selector: labels.Nothing()}, "T.Selector matches nothing"},
+		{Target{Kind: APIService, Name: "x", Service: &ServiceRef{Name: "s"}}, `T.Service "/s" needs both Namespace and Name`},
 	} {
-		err := tc.target.validate()
+		err := tc.target.validate("T")
 		if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 			t.Errorf("%s: error %v, want %q", tc.target, err, tc.wantErr)
 		}
@@ -261,10 +264,10 @@ func TestJSONPatchPreconditionOnlyForIndexedPaths(t *testing.T) {
 		wantPath string
 		wantRV   bool
 	}{
-		{"validating", validatingWebhookAdapter(nil), "/webhooks/0/clientConfig/caBundle", true},
-		{"mutating", mutatingWebhookAdapter(nil), "/webhooks/0/clientConfig/caBundle", true},
-		{"crd", crdAdapter(nil), "/spec/conversion/webhook/clientConfig/caBundle", false},
-		{"apiservice", apiServiceAdapter(nil), "/spec/caBundle", false},
+		{"validating", adapterOf(t, ValidatingWebhookConfiguration), "/webhooks/0/clientConfig/caBundle", true},
+		{"mutating", adapterOf(t, MutatingWebhookConfiguration), "/webhooks/0/clientConfig/caBundle", true},
+		{"crd", adapterOf(t, CustomResourceDefinition), "/spec/conversion/webhook/clientConfig/caBundle", false},
+		{"apiservice", adapterOf(t, APIService), "/spec/caBundle", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := objectView{name: "x", resourceVersion: "9", slots: []slot{{path: tc.wantPath}}}
@@ -300,10 +303,10 @@ func TestInformerTransformsTrimCopies(t *testing.T) {
 		a    *kindAdapter
 		obj  metav1.Object
 	}{
-		{"validating", validatingWebhookAdapter(nil), vwc},
-		{"mutating", mutatingWebhookAdapter(nil), mwc},
-		{"crd", crdAdapter(nil), crd},
-		{"apiservice", apiServiceAdapter(nil), api},
+		{"validating", adapterOf(t, ValidatingWebhookConfiguration), vwc},
+		{"mutating", adapterOf(t, MutatingWebhookConfiguration), mwc},
+		{"crd", adapterOf(t, CustomResourceDefinition), crd},
+		{"apiservice", adapterOf(t, APIService), api},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := tc.a.transform(tc.obj)
@@ -338,7 +341,7 @@ func TestInformerTransformsTrimCopies(t *testing.T) {
 		{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationUpdate, Time: &now,
 			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{}}}`)},
 	}
-	a := validatingWebhookAdapter(nil)
+	a := adapterOf(t, ValidatingWebhookConfiguration)
 	out, err := a.transform(owned)
 	if err != nil {
 		t.Fatal(err)

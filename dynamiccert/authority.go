@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -277,7 +278,7 @@ var errWaitingForStore = errors.New("waiting for the CA state to be created")
 type secretStore struct {
 	cfg       *AuthorityConfig
 	src       *secretSource
-	waitLogd  bool
+	waiting   errlog.Once // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
 }
@@ -309,10 +310,7 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 	exists := err == nil
 	switch {
 	case apierrors.IsNotFound(err) && s.cfg.DisableCreate && s.last == nil:
-		if !s.waitLogd {
-			s.waitLogd = true
-			klog.InfoS("Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.key)
-		}
+		s.waiting.Info(klog.Background(), "waiting: secret missing", "Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.key)
 		return nil, errWaitingForStore
 	case apierrors.IsNotFound(err):
 		secret = &corev1.Secret{

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -176,7 +177,7 @@ type watchLoop struct {
 	retry       realTimer
 	retryDelay  time.Duration
 	desired     map[string]bool
-	lastProblem string
+	problemsLog errlog.Once // logs each distinct watch problem once
 	// relevant and realDirs tell which events concern the files (see
 	// watchDirs): realDirs maps each watched directory to its resolved
 	// path.
@@ -402,10 +403,7 @@ func (l *watchLoop) watcherFailed(err error) {
 
 // problem logs a watch problem once per distinct message.
 func (l *watchLoop) problem(err error) {
-	if msg := err.Error(); msg != l.lastProblem {
-		l.lastProblem = msg
-		klog.ErrorS(err, "File watch problem; periodic re-reads continue", "provider", l.s.name)
-	}
+	l.problemsLog.Error(klog.Background(), err, "File watch problem; periodic re-reads continue", "provider", l.s.name)
 }
 
 func (l *watchLoop) armRetry() {
@@ -468,7 +466,7 @@ func (l *watchLoop) ensureWatch() (added bool) {
 	} else {
 		l.retry.stop()
 		l.retryDelay = fileRetryMin
-		l.lastProblem = ""
+		l.problemsLog.Reset()
 	}
 	return added
 }

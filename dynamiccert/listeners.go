@@ -1,32 +1,18 @@
 package dynamiccert
 
 import (
-	"sync"
-
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/evercert/evercert/internal/notify"
 )
 
-// listeners is the set of listeners a provider notifies on change. The zero
-// value is ready to use and safe for concurrent use.
-type listeners struct {
-	mu sync.Mutex
-	ls []dynamiccertificates.Listener
-}
+// listeners is the set of listeners a provider notifies on change; embedded
+// in a provider, it gives the provider its AddListener method and nothing
+// else exported. The zero value is ready to use and safe for concurrent use.
+type listeners struct{ set notify.Listeners }
 
 // AddListener adds l to be notified when the content changes.
-func (l *listeners) AddListener(listener dynamiccertificates.Listener) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ls = append(l.ls, listener)
-}
+func (l *listeners) AddListener(listener dynamiccertificates.Listener) { l.set.Add(listener) }
 
-// notify calls Enqueue on every listener. Listeners must not block (upstream
-// ones add to a work queue), so they are called inline.
-func (l *listeners) notify() {
-	l.mu.Lock()
-	ls := l.ls
-	l.mu.Unlock()
-	for _, listener := range ls {
-		listener.Enqueue()
-	}
-}
+// notify calls Enqueue on every listener, inline: listeners must not block.
+func (l *listeners) notify() { l.set.Notify() }

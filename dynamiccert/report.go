@@ -2,53 +2,36 @@ package dynamiccert
 
 import (
 	"bytes"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
 
 // reporter counts every rejected load but logs a failure only when it
-// differs from the previous one, so a bad file or Secret seen on every event
-// and every resync produces one log line, not a stream.
+// differs from the previous one (internal/errlog), so a bad file or Secret
+// seen on every event and every resync produces one log line, not a stream.
 type reporter struct {
 	name string
-
-	mu      sync.Mutex
-	lastErr error
+	log  errlog.Once
 }
 
 // failed records err (which must name the source) and returns it.
 func (r *reporter) failed(err error) error {
 	certmetrics.LoadError(r.name)
-	r.mu.Lock()
-	prev := r.lastErr
-	r.lastErr = err
-	r.mu.Unlock()
-	if prev == nil || prev.Error() != err.Error() {
-		klog.ErrorS(err, "Rejected new content, still serving the last good content", "provider", r.name)
-	}
+	r.log.Error(klog.Background(), err, "Rejected new content, still serving the last good content", "provider", r.name)
 	return err
 }
 
-// succeeded clears the last error and reports whether there was one.
-func (r *reporter) succeeded() (recovered bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	recovered = r.lastErr != nil
-	r.lastErr = nil
-	return recovered
-}
+// succeeded clears the last error and reports whether there was one; the
+// caller logs the recovery in its own line.
+func (r *reporter) succeeded() (recovered bool) { return r.log.Reset() }
 
-func (r *reporter) lastError() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastErr
-}
+func (r *reporter) lastError() error { return r.log.Err() }
 
 // storeCertKey validates a new pair and, if it differs from the current
 // one, stores it and records the rotation. It reports whether the content

@@ -188,11 +188,12 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 // the sources and the controller current until ctx is done. It returns nil
 // when ctx ends after a successful start.
 func (s *Serving) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
 	for _, r := range s.runners {
 		if err := r.RunOnce(ctx); err != nil {
 			// A file that is missing now may appear later; the controller
 			// decides below whether anything at all can be served.
-			klog.ErrorS(err, "Initial load failed; will keep retrying")
+			logger.Error(err, "Initial load failed; will keep retrying")
 		}
 	}
 	if err := s.Controller.RunOnce(ctx); err != nil {
@@ -200,7 +201,7 @@ func (s *Serving) Run(ctx context.Context) error {
 	}
 	writer := s.bundleFile
 	if writer != nil {
-		if err := writer.write(); err != nil {
+		if err := writer.write(logger); err != nil {
 			return fmt.Errorf("--ca-bundle-file: %w", err)
 		}
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/errlog"
+	"github.com/evercert/evercert/internal/notify"
 )
 
 // bundleFileKind is the kind label of the --ca-bundle-file writes in
@@ -42,9 +44,10 @@ type bundleFileWriter struct {
 	clock   clock.WithTicker
 	changed chan struct{}
 
-	mu        sync.Mutex
-	written   []byte
-	listeners []dynamiccertificates.Listener
+	mu      sync.Mutex
+	written []byte
+
+	listeners notify.Listeners
 }
 
 var (
@@ -66,11 +69,7 @@ func (w *bundleFileWriter) Observed(ca *x509.Certificate) bool {
 
 // AddListener implements dynamiccertificates.Notifier: l is told after
 // every successful write, so an issuer waiting for the file re-checks.
-func (w *bundleFileWriter) AddListener(l dynamiccertificates.Listener) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.listeners = append(w.listeners, l)
-}
+func (w *bundleFileWriter) AddListener(l dynamiccertificates.Listener) { w.listeners.Add(l) }
 
 func newBundleFileWriter(path string, source dynamiccertificates.CAContentProvider, clk clock.WithTicker) *bundleFileWriter {
 	w := &bundleFileWriter{path: path, source: source, clock: clk, changed: make(chan struct{}, 1)}
@@ -90,12 +89,14 @@ func (w *bundleFileWriter) Enqueue() {
 // run writes the bundle at every change until ctx is done. A failed write
 // is retried with exponential backoff on w.clock until one succeeds; a
 // change in between is written at once (and, failing, keeps backing off).
-// Each distinct error is logged once, and recovery is logged.
+// Each distinct error is logged once, and recovery is logged, on the
+// logger of ctx.
 func (w *bundleFileWriter) run(ctx context.Context) {
+	logger := klog.FromContext(ctx)
 	b := backoff.New(bundleFileRetryInitial, bundleFileRetryCap)
 	var (
 		retry   clock.Timer // non-nil while a retry is pending
-		lastErr string
+		failing errlog.Once
 	)
 	defer func() {
 		if retry != nil {
@@ -117,20 +118,14 @@ func (w *bundleFileWriter) run(ctx context.Context) {
 			retry.Stop()
 			retry = nil
 		}
-		err := w.write()
+		err := w.write(logger)
 		if err == nil {
-			if lastErr != "" {
-				klog.InfoS("Wrote CA bundle file after failures", "path", w.path)
-				lastErr = ""
-			}
+			failing.Recovered(logger, "Wrote CA bundle file after failures", "path", w.path)
 			b.Reset()
 			continue
 		}
 		delay := b.Next(err)
-		if err.Error() != lastErr {
-			klog.ErrorS(err, "Writing CA bundle file failed; clients may not trust the next certificate until it succeeds. Retrying with backoff", "path", w.path, "retryIn", delay)
-			lastErr = err.Error()
-		}
+		failing.Error(logger, err, "Writing CA bundle file failed; clients may not trust the next certificate until it succeeds. Retrying with backoff", "path", w.path, "retryIn", delay)
 		retry = w.clock.NewTimer(delay)
 	}
 }
@@ -140,7 +135,7 @@ func (w *bundleFileWriter) run(ctx context.Context) {
 // data: 0644. It counts every attempt that had something to write in
 // evercert_cabundle_publish_total{kind="CABundleFile"}. Errors do not name
 // the random temporary file, so that a repeated failure reads the same.
-func (w *bundleFileWriter) write() error {
+func (w *bundleFileWriter) write(logger klog.Logger) error {
 	bundle := w.source.CurrentCABundleContent()
 	w.mu.Lock()
 	same := bytes.Equal(bundle, w.written)
@@ -155,12 +150,9 @@ func (w *bundleFileWriter) write() error {
 	certmetrics.CABundlePublished(bundleFileKind, "success")
 	w.mu.Lock()
 	w.written = bundle
-	listeners := w.listeners
 	w.mu.Unlock()
-	klog.V(2).InfoS("Wrote CA bundle file", "path", w.path, "bytes", len(bundle))
-	for _, l := range listeners {
-		l.Enqueue()
-	}
+	logger.V(2).Info("Wrote CA bundle file", "path", w.path, "bytes", len(bundle))
+	w.listeners.Notify()
 	return nil
 }
 

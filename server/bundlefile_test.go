@@ -12,6 +12,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/logtest"
 )
 
 func bundleFileWrites(t *testing.T, result string) float64 {
@@ -24,7 +25,10 @@ func bundleFileWrites(t *testing.T, result string) float64 {
 // regular file, so writes fail; a CA rotation then cannot be written, which
 // is counted. Once the directory is back, the new bundle reaches the file
 // with no further rotation, only by stepping the clock past the backoff.
+// The failure, retried several times, is logged once on the logger of
+// Serve's context, and so is the recovery.
 func TestCABundleFileRetriedUntilWritten(t *testing.T) {
+	_, ctx, logs := logtest.New(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	dir := filepath.Join(t.TempDir(), "bundle")
 	require.NoError(t, os.Mkdir(dir, 0o755))
@@ -34,7 +38,7 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	// next event after that is 8h later, far beyond the steps below.
 	o.SelfSignedValidity = 24 * time.Hour
 	o.CABundleFile = filepath.Join(dir, "ca.crt")
-	r := start(t, o, nil)
+	r := startWithContext(t, ctx, o, nil)
 
 	initial, err := os.ReadFile(o.CABundleFile)
 	require.NoError(t, err)
@@ -55,6 +59,13 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	}, serveGuard, 10*time.Millisecond, "the CA bundle did not change")
 	assert.Eventually(t, func() bool { return bundleFileWrites(t, "error") > errorsBefore }, serveGuard, 10*time.Millisecond,
 		"the failed write is counted in evercert_cabundle_publish_total{kind=CABundleFile,result=error}")
+	// Let the retries fail a few more times.
+	assert.Eventually(t, func() bool {
+		clk.Step(time.Second)
+		return bundleFileWrites(t, "error") >= errorsBefore+3
+	}, serveGuard, 20*time.Millisecond, "the failed write was not retried")
+	assert.Equal(t, 1, logs.Errors("Writing CA bundle file failed"),
+		"a failure retried with backoff is logged once:\n%s", logs)
 	onDisk, err := os.ReadFile(filepath.Join(moved, "ca.crt"))
 	require.NoError(t, err)
 	assert.Equal(t, string(initial), string(onDisk), "no write happened while the directory was gone")
@@ -75,4 +86,6 @@ func TestCABundleFileRetriedUntilWritten(t *testing.T) {
 	assert.Equal(t, string(rotated), string(r.serving.TrustBundle.CurrentCABundleContent()), "the bundle did not change again")
 	assert.Equal(t, rotationsBefore, certmetricstest.Rotations(t, "self-signed"), "no further rotation happened")
 	assert.Greater(t, bundleFileWrites(t, "success"), successBefore, "the successful retry is counted")
+	assert.Equal(t, 1, logs.Infos("Wrote CA bundle file after failures"), "the recovery is logged once:\n%s", logs)
+	assert.Equal(t, 1, logs.Errors("Writing CA bundle file failed"), "the failure is not logged again:\n%s", logs)
 }

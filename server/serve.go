@@ -26,6 +26,7 @@ import (
 // included, have stopped when it returns, and Listening is never closed if
 // the listen failed.
 func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
+	logger := klog.FromContext(ctx)
 	var wg sync.WaitGroup
 	// Deferred calls run last-in first-out: cancel first, then wait.
 	defer wg.Wait()
@@ -51,13 +52,13 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	// it gets there (an HTTP/2 set-up error, say).
 	defer ln.Close()
 	s.setAddr(ln.Addr())
-	klog.InfoS("serving on https://"+ln.Addr().String(), "address", ln.Addr().String())
+	logger.Info("serving on https://"+ln.Addr().String(), "address", ln.Addr().String())
 
 	srv := &http.Server{
 		Handler:           handler,
 		TLSConfig:         s.Controller.TLSConfig(),
 		ReadHeaderTimeout: 32 * time.Second,
-		ErrorLog:          newHTTPErrorLog(),
+		ErrorLog:          newHTTPErrorLog(logger),
 	}
 	served := make(chan error, 1)
 	// ServeTLS, unlike Serve on a tls.Listener, also sets up HTTP/2.
@@ -74,7 +75,7 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 		_ = s.shutdown(srv)
 		return serveErr
 	}
-	klog.InfoS("Shutting down; waiting for in-flight requests", "timeout", s.opts.ShutdownTimeout)
+	logger.Info("Shutting down; waiting for in-flight requests", "timeout", s.opts.ShutdownTimeout)
 	err = s.shutdown(srv)
 	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)

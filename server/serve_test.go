@@ -32,6 +32,13 @@ type running struct {
 
 func start(t *testing.T, o *Options, handler http.Handler) *running {
 	t.Helper()
+	return startWithContext(t, context.Background(), o, handler)
+}
+
+// startWithContext is start with Serve's parent context, for a test that
+// gives the server a logger (klog.NewContext).
+func startWithContext(t *testing.T, parent context.Context, o *Options, handler http.Handler) *running {
+	t.Helper()
 	o.SecurePort = 0
 	s, err := o.Build()
 	require.NoError(t, err)
@@ -40,7 +47,7 @@ func start(t *testing.T, o *Options, handler http.Handler) *running {
 	if handler != nil {
 		mux.Handle("/", handler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	r := &running{serving: s, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- s.Serve(ctx, mux) }()
 	select {

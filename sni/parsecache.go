@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -54,9 +55,11 @@ type certSlot struct {
 	explicitSeen []string
 
 	// The last rejected content and the error it got; badErr is nil when
-	// the current content is the good one.
+	// the current content is the good one. rejected logs each distinct
+	// rejection once.
 	badCert, badKey []byte
 	badErr          error
+	rejected        errlog.Once
 }
 
 // refreshResult tells the controller what one slot refresh did.
@@ -95,6 +98,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	if s.pair != nil && sameBytes(certPEM, s.cert) && sameBytes(keyPEM, s.key) {
 		// Unchanged, or back to the last good content after a rejection.
 		s.badCert, s.badKey, s.badErr = nil, nil, nil
+		s.rejected.Reset()
 		return res
 	}
 	sameAsBad := s.badErr != nil && sameBytes(certPEM, s.badCert) && sameBytes(keyPEM, s.badKey)
@@ -114,12 +118,10 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 			// Count each distinct bad content once, not each retry of it.
 			certmetrics.LoadError(s.name)
 		}
-		if s.badErr == nil || s.badErr.Error() != err.Error() {
-			// pki errors carry the subject and validity at most, never key
-			// material or PEM, so the error is safe to log as is.
-			klog.ErrorS(err, "Rejected new certificate content", "controller", c.opts.name,
-				"provider", s.name, "role", s.role, "keepingLastGood", s.pair != nil)
-		}
+		// pki errors carry the subject and validity at most, never key
+		// material or PEM, so the error is safe to log as is.
+		s.rejected.Error(klog.Background(), err, "Rejected new certificate content", "controller", c.opts.name,
+			"provider", s.name, "role", s.role, "keepingLastGood", s.pair != nil)
 		s.badCert, s.badKey, s.badErr = certPEM, keyPEM, err
 		res.err = err
 		res.retry = errors.Is(err, pki.ErrNotYetValid)
@@ -132,6 +134,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil
+	s.rejected.Reset()
 	res.changed = true
 
 	certmetrics.CertificateLoaded(s.name, pair.Leaf.SerialNumber.Text(16), pair.Leaf.NotAfter)
@@ -173,6 +176,7 @@ type caSlot struct {
 
 	badBundle []byte
 	badErr    error
+	rejected  errlog.Once // logs each distinct rejection once
 }
 
 // refresh reads the provider's current bundle. An empty bundle is accepted
@@ -185,6 +189,7 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 
 	if s.loaded && sameBytes(bundle, s.bundle) {
 		s.badBundle, s.badErr = nil, nil
+		s.rejected.Reset()
 		return refreshResult{}
 	}
 	if s.badErr != nil && sameBytes(bundle, s.badBundle) {
@@ -204,10 +209,8 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 	} else if pool, certs, err = pki.NewPool(bundle); err != nil {
 		err = fmt.Errorf("client CA bundle from provider %q rejected: %w", s.name, err)
 		certmetrics.LoadError(s.name)
-		if s.badErr == nil || s.badErr.Error() != err.Error() {
-			klog.ErrorS(err, "Rejected new client CA bundle", "controller", c.opts.name,
-				"provider", s.name, "keepingLastGood", s.loaded)
-		}
+		s.rejected.Error(klog.Background(), err, "Rejected new client CA bundle", "controller", c.opts.name,
+			"provider", s.name, "keepingLastGood", s.loaded)
 		s.badBundle, s.badErr = bundle, err
 		return refreshResult{err: err}
 	}
@@ -218,6 +221,7 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 		s.descs[i] = describe(s.name, RoleClientCA, cert)
 	}
 	s.badBundle, s.badErr = nil, nil
+	s.rejected.Reset()
 	if logger := klog.V(2); logger.Enabled() {
 		subjects := make([]string, len(certs))
 		for i, cert := range certs {

@@ -3,16 +3,20 @@
 // attempts, with jitter so that replicas do not retry in step, up to a cap,
 // and never less than a server's Retry-After.
 //
-// It only computes delays. Callers wait on their own injected clock, so a
-// test that steps a fake clock drives retries exactly as production time
-// would.
+// A Backoff only computes delays: loops that also wait for other things
+// wait on their own injected clock. Retry is the loop for the plain case,
+// an attempt repeated until it succeeds. Either way the wait is on an
+// injected clock, so a test that steps a fake clock drives retries exactly
+// as production time would.
 package backoff
 
 import (
+	"context"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 )
 
 // Defaults for API retries, as client-go's reflector uses: 800 ms doubling
@@ -75,4 +79,33 @@ func (b *Backoff) Reset() {
 // included.
 func (b *Backoff) Cap() time.Duration {
 	return time.Duration(float64(b.cap) * (1 + Jitter))
+}
+
+// Retry calls attempt until it returns nil (Retry returns true) or ctx ends
+// (false), waiting on clk between attempts with a Backoff from initial to
+// cap (see New). After each failure that is not due to ctx ending, failed,
+// when not nil, is told the error and the delay before the next attempt; it
+// is where a caller logs, typically with an errlog.Once.
+func Retry(ctx context.Context, clk clock.Clock, initial, cap time.Duration, attempt func(context.Context) error, failed func(err error, delay time.Duration)) bool {
+	b := New(initial, cap)
+	for {
+		err := attempt(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		delay := b.Next(err)
+		if failed != nil {
+			failed(err, delay)
+		}
+		t := clk.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
+	}
 }

@@ -30,11 +30,11 @@ func newSelfSigned(cfg dynamiccert.SelfSignedConfig, o extraOptions) (*dynamicce
 	return dynamiccert.NewSelfSigned(cfg)
 }
 
-func newPublisher(cfg cabundle.Config, name string, clk *offsetClock, rec *eventRecorder) (*cabundle.Publisher, error) {
+func newPublisher(cfg cabundle.PublisherConfig, name string, clk *offsetClock, rec *eventRecorder) (*cabundle.Publisher, error) {
 	cfg.Name = name
 	cfg.Clock = clk
 	cfg.EventRecorder = rec
-	return cabundle.New(cfg)
+	return cabundle.NewPublisher(cfg)
 }
 
 // observe makes the replica that runs the publisher wait, before a

@@ -301,7 +301,7 @@ func (w *world) startPod(idx int) *pod {
 	p.ctrl.AddListener(activityListener{&w.activity})
 
 	if idx == 0 || w.p.publisherOnAll {
-		p.pub, err = newPublisher(cabundle.Config{
+		p.pub, err = newPublisher(cabundle.PublisherConfig{
 			Source:     p.auth,
 			Targets:    []cabundle.Target{{Kind: cabundle.ValidatingWebhookConfiguration, Name: webhookName}},
 			KubeClient: p.client,

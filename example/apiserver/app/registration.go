@@ -21,6 +21,7 @@ import (
 	"github.com/evercert/evercert/cabundle"
 	certv1alpha1 "github.com/evercert/evercert/example/apiserver/apis/certificates/v1alpha1"
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/errlog"
 )
 
 // Registration settings of the APIService.
@@ -87,7 +88,7 @@ func newRegistration(kubeConfig *rest.Config, namespace, name string, port int32
 	if err != nil {
 		return nil, fmt.Errorf("building the apiregistration client: %w", err)
 	}
-	publisher, err := cabundle.New(cabundle.Config{
+	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
 		Source:           source,
 		Targets:          []cabundle.Target{{Kind: cabundle.APIService, Name: APIServiceName}},
 		AggregatorClient: client,
@@ -133,29 +134,10 @@ func (r *registration) ensureUntilDone(ctx context.Context) bool {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	delays := backoff.New(registrationBaseDelay, registrationMaxDelay)
-	lastErr := ""
-	for {
-		err := r.ensure(ctx)
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		delay := delays.Next(err)
-		if err.Error() != lastErr {
-			logger.Error(err, "Registering the APIService failed; retrying", "retryIn", delay)
-			lastErr = err.Error()
-		}
-		t := clk.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C():
-		}
-	}
+	var failing errlog.Once
+	return backoff.Retry(ctx, clk, registrationBaseDelay, registrationMaxDelay, r.ensure, func(err error, delay time.Duration) {
+		failing.Error(logger, err, "Registering the APIService failed; retrying", "retryIn", delay)
+	})
 }
 
 // ensure creates the APIService with the current bundle, or updates an

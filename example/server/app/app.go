@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/loopback"
 	"github.com/evercert/evercert/server"
 )
@@ -89,21 +90,22 @@ func Run(ctx context.Context, opts *Options, out io.Writer) error {
 // the results in evercert_loopback_selfcheck_total. The client keeps
 // trusting the server through every loopback rotation.
 func selfcheck(ctx context.Context, lb *loopback.Certificate, addr string, interval time.Duration) {
+	logger := klog.FromContext(ctx)
 	cfg, err := lb.RestConfig(addr, "")
 	if err != nil {
-		klog.ErrorS(err, "Loopback self-check disabled")
+		logger.Error(err, "Loopback self-check disabled")
 		return
 	}
 	cfg.Timeout = 10 * time.Second
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		klog.ErrorS(err, "Loopback self-check disabled")
+		logger.Error(err, "Loopback self-check disabled")
 		return
 	}
 	rest := client.Discovery().RESTClient()
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	var lastErr string
+	var failing errlog.Once
 	for {
 		select {
 		case <-ctx.Done():
@@ -118,13 +120,10 @@ func selfcheck(ctx context.Context, lb *loopback.Certificate, addr string, inter
 			return
 		}
 		certmetrics.LoopbackSelfcheck(err == nil)
-		switch {
-		case err != nil && err.Error() != lastErr:
-			klog.ErrorS(err, "Loopback self-check failed")
-			lastErr = err.Error()
-		case err == nil && lastErr != "":
-			klog.InfoS("Loopback self-check recovered")
-			lastErr = ""
+		if err != nil {
+			failing.Error(logger, err, "Loopback self-check failed")
+		} else {
+			failing.Recovered(logger, "Loopback self-check recovered")
 		}
 	}
 }

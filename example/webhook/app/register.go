@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/errlog"
 )
 
 // Labels of the configurations the webhook registers itself (--register-url).
@@ -109,6 +110,7 @@ func managedMeta(name string) metav1.ObjectMeta {
 }
 
 func (r Registration) registerValidating(ctx context.Context, client kubernetes.Interface, caBundle []byte) error {
+	logger := klog.FromContext(ctx)
 	api := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := api.Get(ctx, r.Validating, metav1.GetOptions{})
@@ -118,7 +120,7 @@ func (r Registration) registerValidating(ctx context.Context, client kubernetes.
 				Webhooks:   []admissionregistrationv1.ValidatingWebhook{r.ValidatingWebhook(caBundle)},
 			}
 			if _, err = api.Create(ctx, obj, metav1.CreateOptions{}); err == nil {
-				klog.InfoS("Registered webhook configuration", "kind", "ValidatingWebhookConfiguration", "name", r.Validating, "url", *obj.Webhooks[0].ClientConfig.URL)
+				logger.Info("Registered webhook configuration", "kind", "ValidatingWebhookConfiguration", "name", r.Validating, "url", *obj.Webhooks[0].ClientConfig.URL)
 			} else if apierrors.IsAlreadyExists(err) {
 				// Created by a concurrent replica: update it instead.
 				err = apierrors.NewConflict(admissionregistrationv1.Resource("validatingwebhookconfigurations"), r.Validating, err)
@@ -149,18 +151,19 @@ func (r Registration) registerValidating(ctx context.Context, client kubernetes.
 		}
 		upd.Labels[ManagedByLabel] = ManagedByValue
 		if apiequality.Semantic.DeepEqual(cur, upd) {
-			klog.V(2).InfoS("Webhook configuration already registered", "kind", "ValidatingWebhookConfiguration", "name", r.Validating)
+			logger.V(2).Info("Webhook configuration already registered", "kind", "ValidatingWebhookConfiguration", "name", r.Validating)
 			return nil
 		}
 		if _, err := api.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
-		klog.InfoS("Updated webhook configuration", "kind", "ValidatingWebhookConfiguration", "name", r.Validating, "url", *want.ClientConfig.URL)
+		logger.Info("Updated webhook configuration", "kind", "ValidatingWebhookConfiguration", "name", r.Validating, "url", *want.ClientConfig.URL)
 		return nil
 	})
 }
 
 func (r Registration) registerMutating(ctx context.Context, client kubernetes.Interface, caBundle []byte) error {
+	logger := klog.FromContext(ctx)
 	api := client.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := api.Get(ctx, r.Mutating, metav1.GetOptions{})
@@ -170,7 +173,7 @@ func (r Registration) registerMutating(ctx context.Context, client kubernetes.In
 				Webhooks:   []admissionregistrationv1.MutatingWebhook{r.MutatingWebhook(caBundle)},
 			}
 			if _, err = api.Create(ctx, obj, metav1.CreateOptions{}); err == nil {
-				klog.InfoS("Registered webhook configuration", "kind", "MutatingWebhookConfiguration", "name", r.Mutating, "url", *obj.Webhooks[0].ClientConfig.URL)
+				logger.Info("Registered webhook configuration", "kind", "MutatingWebhookConfiguration", "name", r.Mutating, "url", *obj.Webhooks[0].ClientConfig.URL)
 			} else if apierrors.IsAlreadyExists(err) {
 				err = apierrors.NewConflict(admissionregistrationv1.Resource("mutatingwebhookconfigurations"), r.Mutating, err)
 			}
@@ -200,13 +203,13 @@ func (r Registration) registerMutating(ctx context.Context, client kubernetes.In
 		}
 		upd.Labels[ManagedByLabel] = ManagedByValue
 		if apiequality.Semantic.DeepEqual(cur, upd) {
-			klog.V(2).InfoS("Webhook configuration already registered", "kind", "MutatingWebhookConfiguration", "name", r.Mutating)
+			logger.V(2).Info("Webhook configuration already registered", "kind", "MutatingWebhookConfiguration", "name", r.Mutating)
 			return nil
 		}
 		if _, err := api.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
-		klog.InfoS("Updated webhook configuration", "kind", "MutatingWebhookConfiguration", "name", r.Mutating, "url", *want.ClientConfig.URL)
+		logger.Info("Updated webhook configuration", "kind", "MutatingWebhookConfiguration", "name", r.Mutating, "url", *want.ClientConfig.URL)
 		return nil
 	})
 }
@@ -228,27 +231,10 @@ func (r Registration) registerUntilDone(ctx context.Context, client kubernetes.I
 
 // registerUntilDoneOn is registerUntilDone waiting on clk.
 func (r Registration) registerUntilDoneOn(ctx context.Context, clk clock.Clock, client kubernetes.Interface, bundle func() []byte) bool {
-	delays := backoff.New(registerInitialDelay, registerMaxDelay)
-	var last string
-	for {
-		err := r.Register(ctx, client, bundle())
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		delay := delays.Next(err)
-		if err.Error() != last {
-			klog.ErrorS(err, "Registering the webhook configurations failed; will retry", "backoff", delay)
-			last = err.Error()
-		}
-		t := clk.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C():
-		}
-	}
+	logger := klog.FromContext(ctx)
+	var failing errlog.Once
+	register := func(ctx context.Context) error { return r.Register(ctx, client, bundle()) }
+	return backoff.Retry(ctx, clk, registerInitialDelay, registerMaxDelay, register, func(err error, delay time.Duration) {
+		failing.Error(logger, err, "Registering the webhook configurations failed; will retry", "backoff", delay)
+	})
 }

@@ -66,7 +66,7 @@ func New(opts *Options) (*Webhook, error) {
 	if opts.MutatingWebhookConfiguration != "" {
 		targets = append(targets, cabundle.Target{Kind: cabundle.MutatingWebhookConfiguration, Name: opts.MutatingWebhookConfiguration, Service: svc})
 	}
-	publisher, err := cabundle.New(cabundle.Config{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
+	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +134,7 @@ func (w *Webhook) CABundle() []byte { return w.serving.TrustBundle.CurrentCABund
 // done. It returns nil after a clean shutdown, and a start-up error (no CA,
 // the port in use) at once, after stopping everything it started.
 func (w *Webhook) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	// Deferred calls run last-in first-out: cancel, then wait.
@@ -142,7 +143,7 @@ func (w *Webhook) Run(ctx context.Context) error {
 
 	wg.Go(func() {
 		if err := w.publisher.Run(ctx); err != nil {
-			klog.ErrorS(err, "caBundle publisher failed")
+			logger.Error(err, "caBundle publisher failed")
 		}
 	})
 	wg.Go(func() {
@@ -153,7 +154,7 @@ func (w *Webhook) Run(ctx context.Context) error {
 			case <-c:
 			}
 		}
-		klog.InfoS("Admission webhook ready: caBundle published")
+		logger.Info("Admission webhook ready: caBundle published")
 		close(w.ready)
 	})
 	wg.Go(func() {
@@ -162,14 +163,14 @@ func (w *Webhook) Run(ctx context.Context) error {
 			return
 		case <-w.Listening():
 		}
-		klog.InfoS("Admission webhook listening", "address", w.Addr().String(), "validate", ValidatePath, "mutate", MutatePath,
+		logger.Info("Admission webhook listening", "address", w.Addr().String(), "validate", ValidatePath, "mutate", MutatePath,
 			"validatingWebhookConfiguration", w.opts.ValidatingWebhookConfiguration, "mutatingWebhookConfiguration", w.opts.MutatingWebhookConfiguration)
 		if w.opts.RegisterURL == "" {
 			return
 		}
 		base, err := w.opts.registerBase(w.Addr())
 		if err != nil {
-			klog.ErrorS(err, "--register-url: not registering")
+			logger.Error(err, "--register-url: not registering")
 			return
 		}
 		reg := Registration{BaseURL: base, Validating: w.opts.ValidatingWebhookConfiguration, Mutating: w.opts.MutatingWebhookConfiguration, Namespace: w.opts.TargetNamespace}

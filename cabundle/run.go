@@ -1,0 +1,91 @@
+package cabundle
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// This file holds the lifecycle of a Publisher: Run starts and stops
+// everything, and what queues its targets.
+
+// maxWorkers bounds concurrent writes. Targets are few and each write is
+// one request, so a handful is plenty; more than one keeps a target whose
+// requests hang (API server unreachable) from delaying the others.
+const maxWorkers = 4
+
+// enqueuer adapts the publisher to dynamiccertificates.Listener without
+// exporting an Enqueue method.
+type enqueuer struct{ p *Publisher }
+
+// Enqueue queues every target. It never blocks.
+func (e enqueuer) Enqueue() { e.p.enqueueAll() }
+
+func (p *Publisher) enqueueAll() {
+	for i := range p.targets {
+		p.queue.Add(i)
+	}
+}
+
+// Run starts the informers, the workers and the resync ticker and blocks
+// until ctx is done. It then stops everything it started and returns nil once
+// no goroutine of the publisher is left. Logging uses klog.FromContext(ctx).
+// Run may be called only once; a second call returns an error at once.
+func (p *Publisher) Run(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("cabundle: Publisher.Run called more than once")
+	}
+	p.logger = klog.FromContext(ctx).WithName("cabundle")
+	ctx = klog.NewContext(ctx, p.logger)
+
+	var wg sync.WaitGroup
+	// Deferred calls run last-in first-out: the queue is shut down first so
+	// that idle workers return, then everything is waited for.
+	defer wg.Wait()
+	defer p.queue.ShutDown()
+
+	// Providers have no RemoveListener; after Run returns, the listener
+	// adds to a shut-down queue, which drops the item.
+	p.source.AddListener(enqueuer{p})
+
+	for i, t := range p.targets {
+		wg.Go(func() { t.informer.RunWithContext(ctx) })
+		// A target is worked on only once its own cache is complete, so
+		// that "missing" really means missing. Each target waits for itself
+		// alone: one kind the identity may not list must not hold up the
+		// others. Its read-back state is complete once the handler has
+		// seen the initial list, which observers are told about.
+		wg.Go(func() {
+			if cache.WaitForCacheSync(ctx.Done(), t.informer.HasSynced, t.handler.HasSynced) {
+				p.queue.Add(i)
+				p.listeners.Notify()
+			}
+		})
+	}
+	for range min(len(p.targets), maxWorkers) {
+		wg.Go(func() {
+			for p.processNext(ctx) {
+			}
+		})
+	}
+	wg.Go(func() {
+		ticker := p.clock.NewTicker(p.resync)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C():
+				p.enqueueAll()
+			}
+		}
+	})
+
+	p.logger.V(1).Info("Starting caBundle publisher", "targets", len(p.targets), "serverSideApply", p.ssa, "resync", p.resync)
+	<-ctx.Done()
+	p.logger.V(1).Info("Stopping caBundle publisher")
+	return nil
+}
