@@ -109,7 +109,7 @@ func (c *SignerConfig) complete() error {
 		c.Clock = clock.RealClock{}
 	}
 	var errs []error
-	if err := checkSignerName(c.SignerName); err != nil {
+	if err := ValidateSignerName(c.SignerName); err != nil {
 		errs = append(errs, fmt.Errorf("SignerConfig.SignerName: %w", err))
 	}
 	if c.CA == nil {
@@ -135,9 +135,10 @@ func (c *SignerConfig) complete() error {
 	return errors.Join(errs...)
 }
 
-// checkSignerName accepts "<domain>/<path>" outside the reserved
-// kubernetes.io domain, as the API does.
-func checkSignerName(name string) error {
+// ValidateSignerName reports whether name can be a signer name:
+// "<domain>/<path>" with a fully qualified domain outside the reserved
+// kubernetes.io.
+func ValidateSignerName(name string) error {
 	domain, path, ok := strings.Cut(name, "/")
 	switch {
 	case name == "":

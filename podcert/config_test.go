@@ -45,10 +45,10 @@ func TestNewRefusesBadConfig(t *testing.T) {
 
 func TestCheckSignerName(t *testing.T) {
 	for _, good := range []string{"evercert.io/serving", "example.com/a/b"} {
-		assert.NoError(t, checkSignerName(good), good)
+		assert.NoError(t, ValidateSignerName(good), good)
 	}
 	for _, bad := range []string{"", "serving", "evercert.io/", "localhost/serving", "kubernetes.io/x", "foo.kubernetes.io/x", "Bad_Domain.io/x"} {
-		assert.Error(t, checkSignerName(bad), bad)
+		assert.Error(t, ValidateSignerName(bad), bad)
 	}
 }
 
