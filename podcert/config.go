@@ -82,8 +82,9 @@ type SignerConfig struct {
 	// MaxLifetime caps every leaf below the request's maxExpirationSeconds.
 	// Default DefaultMaxLifetimeCap; from MinLifetime to MaxLifetime.
 	MaxLifetime time.Duration
-	// Backdate puts NotBefore this long before signing. Default
-	// DefaultBackdate; at least 0, below MaxBackdate.
+	// Backdate puts NotBefore this long before signing, for clients whose
+	// clocks are behind. Default (and when zero) DefaultBackdate; below
+	// MaxBackdate.
 	Backdate time.Duration
 	// EventRecorder, when set, receives a Warning Event about the request
 	// for every denial and failure.

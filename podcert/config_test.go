@@ -99,6 +99,7 @@ func TestServiceNames(t *testing.T) {
 		svc("both", map[string]string{"app": "web", "tier": "front"}),
 		svc("back", map[string]string{"app": "web", "tier": "back"}),
 		svc("manual", nil),
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "external"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "web.example.com", Selector: map[string]string{"app": "web"}}},
 	}, "cluster.local")
 	assert.Equal(t, []string{"web.apps.svc", "web.apps.svc.cluster.local", "both.apps.svc", "both.apps.svc.cluster.local"}, got)
 }
@@ -117,4 +118,13 @@ func TestBeginRefreshAt(t *testing.T) {
 		leaf := &x509.Certificate{NotBefore: nb, NotAfter: nb.Add(life)}
 		assert.Equal(t, nb.Add(want), beginRefreshAt(leaf), "lifetime %v", life)
 	}
+}
+
+func TestRedactPEM(t *testing.T) {
+	msg := "status.certificateChain: Invalid value: \"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n\": bad"
+	got := redactPEM(msg)
+	assert.NotContains(t, got, "MIIB")
+	assert.NotContains(t, got, "MIIC")
+	assert.Contains(t, got, "status.certificateChain: Invalid value")
+	assert.Contains(t, got, ": bad")
 }

@@ -137,11 +137,12 @@ func (p *Policy) matching(namespace, serviceAccount string) []Rule {
 
 // serviceNames returns the names of the Services among services that select
 // pod: <svc>.<ns>.svc and <svc>.<ns>.svc.<domain>. A Service without a
-// selector selects nothing (its endpoints are managed by hand).
+// selector selects nothing (its endpoints are managed by hand), nor does an
+// ExternalName Service (its name points elsewhere).
 func serviceNames(pod *corev1.Pod, services []corev1.Service, domain string) []string {
 	var out []string
 	for _, svc := range services {
-		if len(svc.Spec.Selector) == 0 || svc.Namespace != pod.Namespace {
+		if len(svc.Spec.Selector) == 0 || svc.Namespace != pod.Namespace || svc.Spec.Type == corev1.ServiceTypeExternalName {
 			continue
 		}
 		if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pod.Labels)) {

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -110,6 +111,8 @@ type Signer struct {
 	// attempts counts the failures of each request that retrying may not
 	// fix (see maxAttempts).
 	attempts map[string]int
+	// lastErr is each request's last error, logged once.
+	lastErr map[string]string
 }
 
 // New validates cfg and builds a Signer. Nothing runs until Run; the
@@ -125,6 +128,7 @@ func New(cfg SignerConfig) (*Signer, error) {
 		waiting:  map[string]struct{}{},
 		finished: map[string]struct{}{},
 		attempts: map[string]int{},
+		lastErr:  map[string]string{},
 	}
 	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig[string](s.retry, workqueue.TypedRateLimitingQueueConfig[string]{
 		Name: "podcert:" + cfg.SignerName, Clock: cfg.Clock,
@@ -226,6 +230,7 @@ func (s *Signer) forget(k string, decided bool) {
 	delete(s.seen, k)
 	delete(s.waiting, k)
 	delete(s.attempts, k)
+	delete(s.lastErr, k)
 	if decided {
 		delete(s.finished, k)
 	}
@@ -255,7 +260,13 @@ func (s *Signer) processNext(ctx context.Context) bool {
 	case ctx.Err() != nil:
 	case err != nil:
 		delay := s.retry.NextFor(k, err)
-		if s.retry.NumRequeues(k) == 1 {
+		// Each distinct error of a request is logged once; repeats (an API
+		// outage retried with backoff) only verbosely.
+		s.mu.Lock()
+		repeat := s.lastErr[k] == err.Error()
+		s.lastErr[k] = err.Error()
+		s.mu.Unlock()
+		if !repeat {
 			klog.ErrorS(err, "PodCertificateRequest not decided yet; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "retryIn", delay)
 		} else {
 			klog.V(2).InfoS("PodCertificateRequest still not decided; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "err", err, "retryIn", delay)
@@ -442,6 +453,11 @@ func (s *Signer) decide(ctx context.Context, pcr *certificatesv1.PodCertificateR
 	return decision{pub: csr.PublicKey, names: names, lifetime: lifetime}, nil
 }
 
+var pemBlock = regexp.MustCompile(`-----BEGIN [A-Z0-9 ]+-----[\s\S]*?-----END [A-Z0-9 ]+-----`)
+
+// redactPEM replaces every PEM block in s.
+func redactPEM(s string) string { return pemBlock.ReplaceAllString(s, "<PEM redacted>") }
+
 func sortedUnique(names []string) []string {
 	out := slices.Clone(names)
 	slices.Sort(out)
@@ -502,7 +518,9 @@ func (s *Signer) write(ctx context.Context, pcr *certificatesv1.PodCertificateRe
 		}
 		return false, err // changed but still open: decide again on the new version
 	case apierrors.IsInvalid(err) && result == certmetrics.PodCertificateIssued:
-		return s.failing(ctx, pcr, ReasonStatusRejected, fmt.Errorf("the API server refused the issued status: %w", err))
+		// The API's message may quote the chain: keep PEM out of logs and
+		// conditions.
+		return s.failing(ctx, pcr, ReasonStatusRejected, fmt.Errorf("the API server refused the issued status: %s", redactPEM(err.Error())))
 	}
 	return false, fmt.Errorf("writing the status of PodCertificateRequest %s: %w", k,
 		forbiddenHint(err, "update on podcertificaterequests/status and sign on signers "+s.cfg.SignerName))
@@ -520,6 +538,7 @@ func (s *Signer) finish(pcr *certificatesv1.PodCertificateRequest, st certificat
 	delete(s.seen, k)
 	delete(s.waiting, k)
 	delete(s.attempts, k)
+	delete(s.lastErr, k)
 	s.finished[k] = struct{}{}
 	s.mu.Unlock()
 	certmetrics.PodCertificateRequestDone(s.cfg.SignerName, result, now.Sub(first))
