@@ -55,6 +55,14 @@ func Rotations(t testing.TB, provider string) float64 {
 // exactly labels, or 0 when the series does not exist yet.
 func HistogramCount(t testing.TB, name string, labels map[string]string) uint64 {
 	t.Helper()
+	n, _ := Histogram(t, name, labels)
+	return n
+}
+
+// Histogram returns the sample count and sum of the histogram name with
+// exactly labels, or zeros when the series does not exist yet.
+func Histogram(t testing.TB, name string, labels map[string]string) (count uint64, sum float64) {
+	t.Helper()
 	certmetrics.Register()
 	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
@@ -65,12 +73,12 @@ func HistogramCount(t testing.TB, name string, labels map[string]string) uint64 
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if testutil.LabelsMatch(m, labels) && len(m.GetLabel()) == len(labels) && m.GetHistogram() != nil {
-				return m.GetHistogram().GetSampleCount()
+			if h := m.GetHistogram(); h != nil && testutil.LabelsMatch(m, labels) && len(m.GetLabel()) == len(labels) {
+				return h.GetSampleCount(), h.GetSampleSum()
 			}
 		}
 	}
-	return 0
+	return 0, 0
 }
 
 // PodCertificateRequests returns
