@@ -682,5 +682,5 @@ func TestE2EPodCertificateSigner(t *testing.T) {
 		latencies[len(latencies)-1].Round(100*time.Microsecond))
 	count, sum := certmetricstest.Histogram(t, "evercert_podcertificate_request_duration_seconds", durationLabels)
 	t.Logf("signer side (evercert_podcertificate_request_duration_seconds, informer event to status written): mean %v over %d issuances",
-		(time.Duration((sum-durationSumBefore)/float64(count-durationCountBefore)*float64(time.Second))).Round(100*time.Microsecond), count-durationCountBefore)
+		(time.Duration((sum - durationSumBefore) / float64(count-durationCountBefore) * float64(time.Second))).Round(100*time.Microsecond), count-durationCountBefore)
 }
