@@ -80,7 +80,8 @@ var (
 // idempotent, and every other function here calls it.
 func Register() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers)
+		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers,
+			podCertificateRequests, podCertificateDuration)
 	})
 }
 

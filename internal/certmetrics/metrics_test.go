@@ -32,3 +32,16 @@ func TestCertificateLoadedCountsEachRotationOnce(t *testing.T) {
 	certmetrics.CABundlePublished("APIService", "success")
 	assert.Equal(t, 1.0, certmetricstest.Value(t, "evercert_cabundle_publish_total", map[string]string{"kind": "APIService", "result": "success"}))
 }
+
+func TestPodCertificateRequestDone(t *testing.T) {
+	const signer = "metrics-test.evercert.io/serving"
+	certmetrics.PodCertificateSignerStarted(signer)
+	assert.Zero(t, certmetricstest.PodCertificateRequests(t, signer, certmetrics.PodCertificateDenied))
+	certmetrics.PodCertificateRequestDone(signer, certmetrics.PodCertificateIssued, 20*time.Millisecond)
+	certmetrics.PodCertificateRequestDone(signer, certmetrics.PodCertificateIssued, 30*time.Millisecond)
+	certmetrics.PodCertificateRequestDone(signer, certmetrics.PodCertificateConflict, time.Millisecond)
+	assert.Equal(t, 2.0, certmetricstest.PodCertificateRequests(t, signer, certmetrics.PodCertificateIssued))
+	assert.Equal(t, 1.0, certmetricstest.PodCertificateRequests(t, signer, certmetrics.PodCertificateConflict))
+	assert.EqualValues(t, 2, certmetricstest.HistogramCount(t, "evercert_podcertificate_request_duration_seconds",
+		map[string]string{"signer": signer, "result": certmetrics.PodCertificateIssued}))
+}

@@ -132,23 +132,29 @@ func IssueLeaf(ca *Issued, r Request) (*Issued, error) {
 	if err != nil {
 		return nil, err
 	}
+	tmpl := leafTemplate(serial, r.CommonName, r.DNSNames, r.IPs, notBefore, notAfter, key.Public())
+	return sign(tmpl, ca.Cert, key, ca.Key)
+}
+
+// leafTemplate is the template of every leaf evercert signs: a server and
+// client certificate for the names, that cannot sign certificates.
+func leafTemplate(serial *big.Int, commonName string, dnsNames []string, ips []net.IP, notBefore, notAfter time.Time, pub crypto.PublicKey) *x509.Certificate {
 	keyUsage := x509.KeyUsageDigitalSignature
-	if _, isRSA := key.Public().(*rsa.PublicKey); isRSA {
+	if _, isRSA := pub.(*rsa.PublicKey); isRSA {
 		// RSA key exchange in TLS 1.2 needs KeyEncipherment; harmless otherwise.
 		keyUsage |= x509.KeyUsageKeyEncipherment
 	}
-	tmpl := &x509.Certificate{
+	return &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: r.CommonName},
-		DNSNames:              r.DNSNames,
-		IPAddresses:           r.IPs,
+		Subject:               pkix.Name{CommonName: commonName},
+		DNSNames:              dnsNames,
+		IPAddresses:           ips,
 		NotBefore:             notBefore,
 		NotAfter:              notAfter,
 		KeyUsage:              keyUsage,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 	}
-	return sign(tmpl, ca.Cert, key, ca.Key)
 }
 
 func sign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer) (*Issued, error) {

@@ -50,3 +50,40 @@ func Rotations(t testing.TB, provider string) float64 {
 	t.Helper()
 	return Value(t, "evercert_certificate_rotations_total", map[string]string{"provider": provider})
 }
+
+// HistogramCount returns the sample count of the histogram name with
+// exactly labels, or 0 when the series does not exist yet.
+func HistogramCount(t testing.TB, name string, labels map[string]string) uint64 {
+	t.Helper()
+	n, _ := Histogram(t, name, labels)
+	return n
+}
+
+// Histogram returns the sample count and sum of the histogram name with
+// exactly labels, or zeros when the series does not exist yet.
+func Histogram(t testing.TB, name string, labels map[string]string) (count uint64, sum float64) {
+	t.Helper()
+	certmetrics.Register()
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil && testutil.LabelsMatch(m, labels) && len(m.GetLabel()) == len(labels) {
+				return h.GetSampleCount(), h.GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
+}
+
+// PodCertificateRequests returns
+// evercert_podcertificate_requests_total{signer,result}.
+func PodCertificateRequests(t testing.TB, signer, result string) float64 {
+	t.Helper()
+	return Value(t, "evercert_podcertificate_requests_total", map[string]string{"signer": signer, "result": result})
+}
