@@ -267,10 +267,8 @@ func TestE2EPublisher(t *testing.T) {
 	})
 
 	t.Run("waits for missing objects, publishes when they appear", func(t *testing.T) {
-		select {
-		case <-p.Ready():
-			t.Fatal("Ready closed before the objects exist")
-		case <-time.After(time.Second):
+		if waitSynced(p, time.Second) {
+			t.Fatal("HasSynced true before the objects exist")
 		}
 		if _, err := env.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, validatingFixture(vwcName, nil, otherBundle), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -696,10 +694,8 @@ func testE2ENoPatchPermission(t *testing.T, env *e2eEnv, vwcName string) {
 	waitUntil(t, appearDeadline, "error counted", func() bool {
 		return countsDelta(before, publishCounts(t, ValidatingWebhookConfiguration))[resultError] >= 2
 	})
-	select {
-	case <-p.Ready():
-		t.Error("Ready closed although every write is forbidden")
-	case <-time.After(2 * time.Second):
+	if waitSynced(p, 2*time.Second) {
+		t.Error("HasSynced true although every write is forbidden")
 	}
 	if d := countsDelta(before, publishCounts(t, ValidatingWebhookConfiguration)); d[resultSuccess] != 0 {
 		t.Errorf("metrics delta %v: success without patch permission", d)

@@ -13,16 +13,24 @@ import (
 )
 
 // This file holds readiness and health: which targets have been published
-// to once (Ready), and the health check.
+// to once (HasSynced), and the health check.
 
-// Ready returns a channel that is closed once every target has been
-// published to successfully at least once: for a named target, once the
-// object holds the bundle (written by the publisher, or found already
-// right); for a selector target, once a pass over all objects it selected
-// at that time succeeded, even if it selected none. It stays open while
-// any named target is missing, has nothing to inject, or cannot be written,
-// and forever if Run stops before that.
-func (p *Publisher) Ready() <-chan struct{} { return p.ready.done }
+// HasSynced reports whether every target has been published to successfully
+// at least once: for a named target, once the object holds the bundle
+// (written by the publisher, or found already right); for a selector target,
+// once a pass over all objects it selected at that time succeeded, even if
+// it selected none. It stays false while any named target is missing, has
+// nothing to inject, or cannot be written, and forever if Run stops before
+// that. Once true it stays true. It is safe for concurrent use, and has the
+// shape of cache.InformerSynced, so cache.WaitForCacheSync can wait for it.
+func (p *Publisher) HasSynced() bool {
+	select {
+	case <-p.ready.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // readiness records which targets, by index, have been published to once,
 // and closes done when all have. It is safe for concurrent use.

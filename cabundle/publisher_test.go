@@ -105,8 +105,8 @@ func runPublisher(t *testing.T, p *Publisher) (stop func()) {
 func runPublisherIn(t *testing.T, parent context.Context, p *Publisher) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(parent)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	done := make(chan struct{})
+	go func() { p.Run(ctx, 0); close(done) }()
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -115,10 +115,7 @@ func runPublisherIn(t *testing.T, parent context.Context, p *Publisher) (stop fu
 		stopped = true
 		cancel()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v", err)
-			}
+		case <-done:
 		case <-time.After(10 * time.Second):
 			t.Errorf("Run did not return within 10s of cancel")
 		}
@@ -129,10 +126,8 @@ func runPublisherIn(t *testing.T, parent context.Context, p *Publisher) (stop fu
 
 func waitReady(t *testing.T, p *Publisher, timeout time.Duration) {
 	t.Helper()
-	select {
-	case <-p.Ready():
-	case <-time.After(timeout):
-		t.Fatalf("Ready not closed within %v", timeout)
+	if !waitSynced(p, timeout) {
+		t.Fatalf("HasSynced not true within %v", timeout)
 	}
 }
 
@@ -284,10 +279,8 @@ func TestPublisherWaitsForMissingObject(t *testing.T) {
 	}
 	_, ctx, logs := logtest.New(t)
 	runPublisherIn(t, ctx, p)
-	select {
-	case <-p.Ready():
-		t.Fatal("Ready closed while the object does not exist")
-	case <-time.After(300 * time.Millisecond):
+	if waitSynced(p, 300*time.Millisecond) {
+		t.Fatal("HasSynced true while the object does not exist")
 	}
 	// The wait is logged, and the health check says what is awaited.
 	eventually(t, 5*time.Second, "the wait is logged", func() bool { return logs.Infos("Waiting for the object to exist") == 1 })
@@ -488,9 +481,9 @@ func TestRunTwiceFailsAndNoGoroutineOutlivesRun(t *testing.T) {
 	}
 	stop := runPublisher(t, p)
 	time.Sleep(200 * time.Millisecond)
-	if err := p.Run(context.Background()); err == nil {
-		t.Error("second Run did not fail")
-	}
+	// A second Run returns at once (this would block forever otherwise)
+	// and logs why.
+	p.Run(context.Background(), 0)
 	stop()
 	// Run waited for its own goroutines; informer internals it started
 	// must be gone too.
@@ -501,4 +494,16 @@ func TestRunTwiceFailsAndNoGoroutineOutlivesRun(t *testing.T) {
 			t.Errorf("goroutine running %s after Run returned:\n%s", frame, stacks)
 		}
 	}
+}
+
+// waitSynced polls p.HasSynced for up to timeout and returns its last value.
+func waitSynced(p *Publisher, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for !p.HasSynced() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }

@@ -2,7 +2,6 @@ package cabundle
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"k8s.io/client-go/tools/cache"
@@ -12,10 +11,11 @@ import (
 // This file holds the lifecycle of a Publisher: Run starts and stops
 // everything, and what queues its targets.
 
-// maxWorkers bounds concurrent writes. Targets are few and each write is
-// one request, so a handful is plenty; more than one keeps a target whose
-// requests hang (API server unreachable) from delaying the others.
-const maxWorkers = 4
+// DefaultWorkers is the number of write workers Run starts when asked for
+// none. Targets are few and each write is one request, so a handful is
+// plenty; more than one keeps a target whose requests hang (API server
+// unreachable) from delaying the others.
+const DefaultWorkers = 4
 
 // enqueuer adapts the publisher to dynamiccertificates.Listener without
 // exporting an Enqueue method.
@@ -30,13 +30,19 @@ func (p *Publisher) enqueueAll() {
 	}
 }
 
-// Run starts the informers, the workers and the resync ticker and blocks
-// until ctx is done. It then stops everything it started and returns nil once
-// no goroutine of the publisher is left. Logging uses klog.FromContext(ctx).
-// Run may be called only once; a second call returns an error at once.
-func (p *Publisher) Run(ctx context.Context) error {
+// Run starts the informers, workers goroutines that write the targets (at
+// most one per target; DefaultWorkers when workers < 1) and the resync
+// ticker, and blocks until ctx is done. It then stops everything it started
+// and returns once no goroutine of the publisher is left. Logging uses
+// klog.FromContext(ctx). Run may be called only once: a second call logs an
+// error and returns at once.
+func (p *Publisher) Run(ctx context.Context, workers int) {
 	if !p.started.CompareAndSwap(false, true) {
-		return errors.New("cabundle: Publisher.Run called more than once")
+		klog.FromContext(ctx).Error(nil, "cabundle: Publisher.Run called more than once; this call does nothing")
+		return
+	}
+	if workers < 1 {
+		workers = DefaultWorkers
 	}
 	p.logger = klog.FromContext(ctx).WithName("cabundle")
 	ctx = klog.NewContext(ctx, p.logger)
@@ -65,7 +71,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		})
 	}
-	for range min(len(p.targets), maxWorkers) {
+	for range min(len(p.targets), workers) {
 		wg.Go(func() {
 			for p.processNext(ctx) {
 			}
@@ -87,5 +93,4 @@ func (p *Publisher) Run(ctx context.Context) error {
 	p.logger.V(1).Info("Starting caBundle publisher", "targets", len(p.targets), "serverSideApply", p.ssa, "resync", p.resync)
 	<-ctx.Done()
 	p.logger.V(1).Info("Stopping caBundle publisher")
-	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
@@ -240,9 +241,9 @@ func TestE2EAggregation(t *testing.T) {
 		apiService, err = agg.ApiregistrationV1().APIServices().Get(ctx, app.APIServiceName, metav1.GetOptions{})
 		return err == nil && apiServiceAvailable(apiService)
 	}, 60*time.Second, 100*time.Millisecond, "APIService %s Available (last error %v)", app.APIServiceName, err)
-	select {
-	case <-s.Publisher.Ready():
-	case <-time.After(30 * time.Second):
+	syncCtx, cancelSync := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelSync()
+	if !cache.WaitForCacheSync(syncCtx.Done(), s.Publisher.HasSynced) {
 		t.Fatal("caBundle publisher not ready")
 	}
 	registered := time.Since(begin)

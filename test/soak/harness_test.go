@@ -318,11 +318,7 @@ func (w *world) startPod(idx int) *pod {
 	p.wg.Go(func() { p.file.Run(p.ctx, 1) })
 	p.wg.Go(func() { p.ctrl.Run(p.ctx, 1) })
 	if p.pub != nil {
-		p.wg.Go(func() {
-			if err := p.pub.Run(p.ctx); err != nil {
-				t.Errorf("publisher: %v", err)
-			}
-		})
+		p.wg.Go(func() { p.pub.Run(p.ctx, 0) })
 	}
 	w.pods[idx] = p
 	w.all = append(w.all, p)

@@ -121,9 +121,7 @@ func (r *registration) run(ctx context.Context) {
 		return
 	}
 	logger.Info("APIService registered", "service", r.namespace+"/"+r.name, "port", r.port)
-	if err := r.publisher.Run(ctx); err != nil {
-		logger.Error(err, "caBundle publisher failed")
-	}
+	r.publisher.Run(ctx, 0)
 }
 
 // ensureUntilDone calls ensure with backoff until it succeeds (true) or ctx

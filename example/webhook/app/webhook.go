@@ -11,6 +11,7 @@ import (
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -101,12 +102,10 @@ func (w *Webhook) newHandler() http.Handler {
 			default:
 				return errors.New("the webhook configurations are not registered yet")
 			}
-			select {
-			case <-w.publisher.Ready():
-				return nil
-			default:
+			if !w.publisher.HasSynced() {
 				return errors.New("the caBundle is not yet published to every webhook configuration")
 			}
+			return nil
 		}),
 	}})
 	mux.Handle(ValidatePath, AdmissionHandler("validate", rule.Validate))
@@ -141,18 +140,15 @@ func (w *Webhook) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
+	wg.Go(func() { w.publisher.Run(ctx, 0) })
 	wg.Go(func() {
-		if err := w.publisher.Run(ctx); err != nil {
-			logger.Error(err, "caBundle publisher failed")
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.registered:
 		}
-	})
-	wg.Go(func() {
-		for _, c := range []<-chan struct{}{w.registered, w.publisher.Ready()} {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c:
-			}
+		if !cache.WaitForCacheSync(ctx.Done(), w.publisher.HasSynced) {
+			return
 		}
 		logger.Info("Admission webhook ready: caBundle published")
 		close(w.ready)
