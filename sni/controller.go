@@ -48,7 +48,7 @@ type DynamicServingCertificateController struct {
 	queue workqueue.TypedRateLimitingInterface[string]
 
 	// syncMu serialises syncs: the slots are a single-writer cache.
-	syncMu   sync.Mutex
+	syncMu sync.Mutex
 	// serving holds the serving provider's slot and its alternatives';
 	// empty without a serving provider. Guarded by syncMu.
 	serving  []*certSlot

@@ -49,8 +49,8 @@ type ServedCertificate struct {
 
 func describe(provider, role string, cert *x509.Certificate) ServedCertificate {
 	return ServedCertificate{
-		Provider:  provider,
-		Role:      role,
+		Provider:     provider,
+		Role:         role,
 		Subject:      cert.Subject.CommonName,
 		KeyAlgorithm: cert.PublicKeyAlgorithm.String(),
 		Serial:       cert.SerialNumber.Text(16),
