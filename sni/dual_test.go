@@ -5,6 +5,7 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -301,4 +302,56 @@ func mustParseCA(t *testing.T, bundle []byte) *x509.Certificate {
 	require.NoError(t, err)
 	require.NotEmpty(t, cas)
 	return cas[0]
+}
+
+// captureHello returns the ClientHelloInfo crypto/tls hands to
+// GetCertificate when client connects to a server with a default config:
+// a real hello, for measuring selection without a handshake around it.
+func captureHello(t testing.TB, client *tls.Config) *tls.ClientHelloInfo {
+	t.Helper()
+	got := make(chan *tls.ClientHelloInfo, 1)
+	addr := tlstest.Server(t, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		select {
+		case got <- h:
+		default:
+		}
+		return nil, errors.New("hello captured; no certificate")
+	}})
+	_, _ = tlstest.Handshake(addr, client) // fails by design
+	select {
+	case h := <-got:
+		return h
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ClientHello captured")
+		return nil
+	}
+}
+
+// dualAllocFixture is a controller, synced once, whose default and
+// dual.test have an ECDSA and an RSA certificate and whose single.test has
+// one ECDSA certificate.
+type dualAllocFixture struct {
+	clk        *clocktesting.FakeClock
+	c          *DynamicServingCertificateController
+	ecdsa, rsa *tls.Certificate // what dual.test and the default serve
+}
+
+func newDualAllocFixture(t testing.TB) *dualAllocFixture {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Now())
+	ca := newTestCA(t, clk.Now(), "dual-alloc-ca")
+	leaf := func(kt pki.KeyType, dns ...string) *pki.Issued {
+		return issueLeaf(t, ca, leafSpec{cn: dns[0], dns: dns, ips: []net.IP{net.IPv4(127, 0, 0, 1)}, now: clk.Now(), keyType: kt})
+	}
+	c := NewDynamicServingCertificateController(nil, nil, newMutable("dual-e", leaf(pki.ECDSAP256, "dual.test")),
+		[]dynamiccertificates.SNICertKeyContentProvider{
+			newMutable("dual-r", leaf(pki.RSA2048, "dual.test")),
+			newMutable("single", leaf(pki.ECDSAP256, "single.test")),
+		}, WithClock(clk))
+	require.NoError(t, c.RunOnce(context.Background()))
+	f := &dualAllocFixture{clk: clk, c: c}
+	s := c.current.Load()
+	require.Len(t, s.def.certs, 2)
+	f.ecdsa, f.rsa = s.def.certs[0], s.def.certs[1]
+	return f
 }
