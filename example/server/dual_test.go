@@ -76,7 +76,11 @@ func TestExampleServerDualSelfSigned(t *testing.T) {
 	checkDualClients(t, addr, tlstest.Pool(t, pem))
 
 	cfg := &tls.Config{RootCAs: tlstest.Pool(t, pem), ServerName: "localhost"}
-	assert.Contains(t, getBody(t, cfg, "https://"+addr+"/"), "self-signed/rsa-2048", "the status page lists the RSA leaf")
+	// The status page lists the RSA leaf, with its key algorithm and its
+	// renewal time (which is its provider's).
+	page := getBody(t, cfg, "https://"+addr+"/")
+	assert.Regexp(t, `<tr><td>self-signed/rsa-2048</td><td>serving</td><td>localhost</td><td>RSA</td>`, page)
+	assert.Regexp(t, `<tr><td>self-signed/rsa-2048</td>.*<td>[0-9]+h[0-9]+m[0-9]+s</td>`, page)
 	assert.Contains(t, getBody(t, cfg, "https://"+addr+"/metrics"), `evercert_certificate_expiration_timestamp_seconds{provider="self-signed/rsa-2048"}`)
 }
 
