@@ -18,7 +18,7 @@ build:
 ## test: everything CI runs (unit with -race, end-to-end against a real kube-apiserver, short soak, FIPS 140-3 mode).
 test: test-unit test-alloc test-fips test-e2e soak-short
 
-## deps: Debian packages the tests need (sslscan).
+## deps: Debian packages the tests need (sslscan, openssl).
 deps:
 	hack/install-deps.sh
 
@@ -31,7 +31,7 @@ test-unit: deps
 ## without it), and the cost of choosing between an ECDSA and an RSA
 ## certificate. Fails if any of the tests did not run.
 ALLOC_TESTS := TestLookupDoesNotAllocate TestDualLookupAllocations
-test-alloc:
+test-alloc: deps
 	@mkdir -p $(CURDIR)/tmp
 	$(GO) test -count=1 -v -run '^($(subst $(eval) ,|,$(ALLOC_TESTS)))$$' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
 	@for t in $(ALLOC_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/alloc.log || { echo "test-alloc: $$t did not run"; cat $(CURDIR)/tmp/alloc.log; exit 1; }; done
@@ -42,7 +42,7 @@ test-alloc:
 ## and checks it with sslscan, a Go client (mTLS included) and a signature
 ## algorithm prober; start-up refusals; Options.Validate in child processes
 ## under fips140=only, on and off. Fails if any of the tests did not run.
-FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
+FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSDualKeyTypes TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
 test-fips: deps
 	@mkdir -p $(CURDIR)/tmp
 	$(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/ > $(CURDIR)/tmp/fips.log 2>&1 || { cat $(CURDIR)/tmp/fips.log; exit 1; }

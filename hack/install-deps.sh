@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need, if they are missing:
 #   sslscan  TLS posture checks in test/posture
+#   openssl  openssl s_client, a non-Go client in the dual-certificate tests
+#            (sni, example/server, test/fips)
 # Idempotent and quiet when everything is present. Runs as root (CI) or
 # through sudo; never reads stdin.
 set -euo pipefail
 
-packages=(sslscan)
+packages=(sslscan openssl)
 
 missing=()
 for pkg in "${packages[@]}"; do
