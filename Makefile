@@ -31,7 +31,7 @@ test-unit: deps
 ## without it), and the cost of choosing between an ECDSA and an RSA
 ## certificate. Fails if any of the tests did not run.
 ALLOC_TESTS := TestLookupDoesNotAllocate TestDualLookupAllocations
-test-alloc: deps
+test-alloc:
 	@mkdir -p $(CURDIR)/tmp
 	$(GO) test -count=1 -v -run '^($(subst $(eval) ,|,$(ALLOC_TESTS)))$$' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
 	@for t in $(ALLOC_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/alloc.log || { echo "test-alloc: $$t did not run"; cat $(CURDIR)/tmp/alloc.log; exit 1; }; done
