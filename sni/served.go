@@ -64,10 +64,10 @@ func describe(provider, role string, cert *x509.Certificate) ServedCertificate {
 // must not be reachable from it.
 func (s *snapshot) servedCopy() []ServedCertificate {
 	out := make([]ServedCertificate, 0, len(s.served)+len(s.clientCAs))
-	for _, e := range s.served {
+	for i, e := range s.served {
 		d := *e.desc
 		d.Names = slices.Clone(e.names)
-		d.IsDefault = e.isDefault
+		d.IsDefault = slices.Contains(s.defaults, i)
 		out = append(out, d)
 	}
 	return append(out, s.clientCAs...)

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"iter"
 	"net/netip"
 	"strings"
 )
@@ -37,6 +38,8 @@ type snapshot struct {
 	// rebuild with thousands of providers should not re-describe every
 	// certificate; Served expands it.
 	served []servedEntry
+	// defaults are the indexes in served of the default's certificates.
+	defaults []int
 	// clientCAs describe the client CA bundle; shared with the parse cache,
 	// never modified.
 	clientCAs []ServedCertificate
@@ -44,9 +47,8 @@ type snapshot struct {
 
 // servedEntry is one certificate in a snapshot.
 type servedEntry struct {
-	desc      *ServedCertificate // immutable; Names and IsDefault unset
-	names     []string           // the names it is selected for in this snapshot
-	isDefault bool               // it is one of the default's certificates
+	desc  *ServedCertificate // immutable; Names and IsDefault unset
+	names []string           // the names it is selected for in this snapshot
 }
 
 // snapshotInput is what buildSnapshot reads; the slots belong to the
@@ -91,8 +93,6 @@ func classify(name string, explicit bool) (nameKind, string, netip.Addr) {
 // slots' last good content. It fails only if there is no certificate at all.
 func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	s := &snapshot{served: make([]servedEntry, 0, len(in.serving)+len(in.sni))}
-	// slots pairs each served entry with its slot.
-	slots := make([]*certSlot, 0, cap(s.served))
 
 	var def *certSlot
 	for _, slot := range in.serving {
@@ -103,7 +103,6 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 			def = slot
 		}
 		s.served = append(s.served, servedEntry{desc: slot.desc})
-		slots = append(slots, slot)
 	}
 	nNames := 0
 	for _, slot := range in.sni {
@@ -117,7 +116,6 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 			def = slot
 		}
 		s.served = append(s.served, servedEntry{desc: slot.desc})
-		slots = append(slots, slot)
 		names, _ := slot.names()
 		nNames += len(names)
 	}
@@ -129,8 +127,8 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	// alternatives first, then SNI certificates in order.
 	s.def = def.single
 	if def.sans != "" {
-		for _, slot := range slots {
-			if slot != def && !slot.nameOnly && slot.sans == def.sans {
+		for slot := range chainSlots(in.serving, in.sni) {
+			if slot.pair != nil && slot != def && !slot.nameOnly && slot.sans == def.sans {
 				s.def = s.def.join(&slot.pair.TLS, false)
 			}
 		}
@@ -175,7 +173,11 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	// Record which names each certificate is selected for, in its own
 	// order, in one buffer for all of them.
 	buf := make([]string, 0, nNames)
-	for i, slot := range slots {
+	i := 0 // index in served: slots with content, in the same order
+	for slot := range chainSlots(in.serving, in.sni) {
+		if slot.pair == nil {
+			continue
+		}
 		start := len(buf)
 		cert := &slot.pair.TLS
 		if slot.sni != nil {
@@ -198,7 +200,10 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 			}
 		}
 		s.served[i].names = buf[start:len(buf):len(buf)]
-		s.served[i].isDefault = s.def.has(cert)
+		if s.def.has(cert) {
+			s.defaults = append(s.defaults, i)
+		}
+		i++
 	}
 
 	cfg := in.base.Clone()
@@ -221,6 +226,20 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	}
 	s.config = cfg
 	return s, nil
+}
+
+// chainSlots iterates over the serving slots, then the SNI slots, in
+// Served order, without copying them into one slice.
+func chainSlots(serving, sni []*certSlot) iter.Seq[*certSlot] {
+	return func(yield func(*certSlot) bool) {
+		for _, slots := range [2][]*certSlot{serving, sni} {
+			for _, slot := range slots {
+				if !yield(slot) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // claim gives name to slot's certificate unless a certificate of the same
