@@ -20,7 +20,7 @@ build:
 ## controller-runtime recipe).
 test: test-unit test-alloc test-fips test-alerts test-controller-runtime test-e2e soak-short
 
-## deps: Debian packages the tests need (sslscan, prometheus for promtool).
+## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
 	hack/install-deps.sh
 
@@ -30,19 +30,21 @@ test-unit: deps
 
 ## test-alloc: the zero-allocation promise of the handshake path, checked
 ## without -race (the race detector allocates, so these tests are built only
-## without it). Fails if the tests did not run.
-ALLOC_TESTS := ^TestLookupDoesNotAllocate$$
+## without it), and the cost of choosing between an ECDSA and an RSA
+## certificate. Fails if any of the tests did not run.
+ALLOC_TESTS := TestLookupDoesNotAllocate TestDualLookupAllocations
 test-alloc:
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -count=1 -v -run '$(ALLOC_TESTS)' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
-	@grep -E '^--- PASS: TestLookupDoesNotAllocate' $(CURDIR)/tmp/alloc.log || { echo 'test-alloc: TestLookupDoesNotAllocate did not run'; cat $(CURDIR)/tmp/alloc.log; exit 1; }
+	$(GO) test -count=1 -v -run '^($(subst $(eval) ,|,$(ALLOC_TESTS)))$$' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
+	@for t in $(ALLOC_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/alloc.log || { echo "test-alloc: $$t did not run"; cat $(CURDIR)/tmp/alloc.log; exit 1; }; done
+	@grep -E '^(--- |    alloc_test)' $(CURDIR)/tmp/alloc.log
 
 ## test-fips: FIPS 140-3 mode (test/fips, build tag fips): builds
 ## ./example/server with GOFIPS140=latest, runs it under GODEBUG=fips140=only
 ## and checks it with sslscan, a Go client (mTLS included) and a signature
 ## algorithm prober; start-up refusals; Options.Validate in child processes
 ## under fips140=only, on and off. Fails if any of the tests did not run.
-FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
+FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSDualKeyTypes TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
 test-fips: deps
 	@mkdir -p $(CURDIR)/tmp
 	$(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/ > $(CURDIR)/tmp/fips.log 2>&1 || { cat $(CURDIR)/tmp/fips.log; exit 1; }

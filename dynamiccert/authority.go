@@ -60,8 +60,13 @@ type AuthorityConfig struct {
 	CommonName string
 	// SNINames, when set, replace the leaf's names for SNI selection.
 	SNINames []string
-	// KeyType of CA and leaf keys. Default pki.ECDSAP256.
-	KeyType pki.KeyType
+	// KeyTypes are the key types of this replica's leaves, one leaf per
+	// type for the same names, renewed together; the first is served by
+	// CurrentCertKeyContent, the others by Alternatives. Default
+	// [ECDSAP256]. A new CA's key is of the first RSA type listed, if any,
+	// else of the first type; a CA already in the Secret keeps its key. See
+	// SelfSignedConfig.KeyTypes.
+	KeyTypes []KeyType
 	// Lifetime and RenewBefore of the leaf. Default 7 days and Lifetime/3.
 	Lifetime, RenewBefore time.Duration
 	// CALifetime and CARenewBefore of each CA. Default 8*Lifetime and
@@ -122,7 +127,7 @@ func (c *AuthorityConfig) complete() error {
 	// The rotation schedule is the self-signed provider's; reuse its
 	// defaults and checks so the two never drift apart.
 	ss := SelfSignedConfig{
-		Name: c.Name, CommonName: c.CommonName, Hosts: c.Hosts, KeyType: c.KeyType,
+		Name: c.Name, CommonName: c.CommonName, Hosts: c.Hosts, KeyTypes: c.KeyTypes,
 		Lifetime: c.Lifetime, RenewBefore: c.RenewBefore, CALifetime: c.CALifetime,
 		CARenewBefore: c.CARenewBefore, PropagationDelay: c.PropagationDelay, SkewTolerance: c.SkewTolerance,
 		CheckInterval: c.CheckInterval, Clock: c.Clock,
@@ -130,7 +135,7 @@ func (c *AuthorityConfig) complete() error {
 	if err := ss.complete(); err != nil {
 		return err
 	}
-	c.CommonName, c.KeyType, c.RenewBefore, c.CARenewBefore = ss.CommonName, ss.KeyType, ss.RenewBefore, ss.CARenewBefore
+	c.CommonName, c.KeyTypes, c.RenewBefore, c.CARenewBefore = ss.CommonName, ss.KeyTypes, ss.RenewBefore, ss.CARenewBefore
 	c.PropagationDelay, c.SkewTolerance, c.CheckInterval, c.Clock = ss.PropagationDelay, ss.SkewTolerance, ss.CheckInterval, ss.Clock
 	if c.ReplicaID == "" {
 		host, _ := os.Hostname()
@@ -169,6 +174,7 @@ type Authority struct {
 	*issuer
 	cfg   AuthorityConfig
 	store *secretStore
+	alts  []dynamiccertificates.SNICertKeyContentProvider
 }
 
 var (
@@ -193,15 +199,16 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	store := &secretStore{cfg: &cfg, src: src}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
-		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, lifetime: cfg.Lifetime,
+		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder,
 		eventObject: &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName},
 	}, rotation{
-		name: cfg.Name, keyType: cfg.KeyType,
+		name: cfg.Name, caKeyType: caKeyType(cfg.KeyTypes).pki(),
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
 		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
 		skew: cfg.SkewTolerance,
 	}, store, cfg.Observers)
+	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.Clock)
 	}
@@ -221,6 +228,14 @@ func (a *Authority) ReplicaID() string { return a.cfg.ReplicaID }
 
 // SNINames returns the explicit SNI names, or nil.
 func (a *Authority) SNINames() []string { return a.cfg.SNINames }
+
+// Alternatives returns one provider per key type after the first in
+// KeyTypes (none by default), each serving this replica's leaf of that type
+// under the name "<Name>/<key type>"; see SelfSigned.Alternatives. The
+// slice is the caller's.
+func (a *Authority) Alternatives() []dynamiccertificates.SNICertKeyContentProvider {
+	return slices.Clone(a.alts)
+}
 
 // AddObserver adds o to the observers a successor CA waits for.
 func (a *Authority) AddObserver(o Observer) { a.addObserver(o) }

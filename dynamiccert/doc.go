@@ -13,6 +13,12 @@
 // content is bad it reports an error naming the source, counts it in
 // evercert_certificate_load_errors_total, and keeps exposing the last good
 // content. Listeners are notified only when the content really changed.
+//
+// The issuers (SelfSigned, Authority) can make one leaf per KeyType for the
+// same names (KeyTypes, e.g. ECDSAP256 and RSA2048), signed by one CA and
+// renewed together: the first is the provider's own content, the others
+// are served by its Alternatives, which the sni controller serves side by
+// side, giving each client the first it supports, ECDSA first.
 package dynamiccert
 
 // # Observed rotation

@@ -42,10 +42,13 @@ type issuer struct {
 	// syncMu serializes check: Run and RunOnce may overlap.
 	syncMu sync.Mutex
 
-	mu       sync.RWMutex
-	cas      caSet // the state in force, as last read or written
-	leaf     *pki.Issued
-	leafCA   []byte // raw certificate of the CA that signed leaf
+	mu   sync.RWMutex
+	cas  caSet // the state in force, as last read or written
+	leaf *pki.Issued
+	// alts are the leaves of cfg.keyTypes[1:], in that order, issued and
+	// replaced together with leaf; empty with a single key type.
+	alts     []*pki.Issued
+	leafCA   []byte // raw certificate of the CA that signed leaf and alts
 	bundle   []byte
 	pool     *x509.CertPool
 	unsafe   int
@@ -56,14 +59,16 @@ type issuer struct {
 // issuerConfig is the completed configuration an issuer runs on.
 type issuerConfig struct {
 	name, commonName string
-	dnsNames         []string
-	ips              []net.IP
-	hosts            []string
-	lifetime         time.Duration
-	checkInterval    time.Duration
-	clock            clock.WithTicker
-	recorder         events.EventRecorder
-	eventObject      runtime.Object
+	// keyTypes are the leaves' key types, the primary (leaf) first.
+	keyTypes      []KeyType
+	dnsNames      []string
+	ips           []net.IP
+	hosts         []string
+	lifetime      time.Duration
+	checkInterval time.Duration
+	clock         clock.WithTicker
+	recorder      events.EventRecorder
+	eventObject   runtime.Object
 }
 
 // caStore keeps an issuer's CA state.
@@ -252,17 +257,26 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 	}
 	i.cas, i.hasState = st.clone(), true
 	if i.sched.leafDue(i.leaf, i.leafCA, st, now) {
-		issued, err := i.sched.issueLeaf(st, i.cfg.commonName, i.cfg.dnsNames, i.cfg.ips, i.cfg.lifetime, now)
-		if err != nil {
-			i.mu.Unlock()
-			return err
+		// Every key type is issued before any is swapped in, so the leaves
+		// always come from the same CA and renew together.
+		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
+		for n, kt := range i.cfg.keyTypes {
+			leaf, err := i.sched.issueLeaf(st, kt.pki(), i.cfg.commonName, i.cfg.dnsNames, i.cfg.ips, i.cfg.lifetime, now)
+			if err != nil {
+				i.mu.Unlock()
+				return err
+			}
+			issued[n] = leaf
 		}
 		rotated := i.leaf != nil
-		i.leaf, i.leafCA, changed = issued, st.signing.Cert.Raw, true
-		certmetrics.CertificateLoaded(i.cfg.name, serial(issued.Cert), issued.Cert.NotAfter)
-		klog.InfoS("Issued serving certificate", "provider", i.cfg.name, "subject", issued.Cert.Subject.CommonName,
-			"serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter.UTC(), "ca", st.signing.Cert.Subject.CommonName,
-			"caSerial", serial(st.signing.Cert), "rotated", rotated)
+		i.leaf, i.alts, i.leafCA, changed = issued[0], issued[1:], st.signing.Cert.Raw, true
+		for n, leaf := range issued {
+			name := i.leafName(n)
+			certmetrics.CertificateLoaded(name, serial(leaf.Cert), leaf.Cert.NotAfter)
+			klog.InfoS("Issued serving certificate", "provider", name, "keyType", i.cfg.keyTypes[n], "subject", leaf.Cert.Subject.CommonName,
+				"serial", serial(leaf.Cert), "notAfter", leaf.Cert.NotAfter.UTC(), "ca", st.signing.Cert.Subject.CommonName,
+				"caSerial", serial(st.signing.Cert), "rotated", rotated)
+		}
 	}
 	leafSerial := serial(i.leaf.Cert)
 	i.mu.Unlock()

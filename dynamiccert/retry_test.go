@@ -368,7 +368,7 @@ func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk})
 	require.NoError(t, err)
 	serving := s.Leaf()
-	s.sched.keyType = "broken" // before Run: no race
+	s.issuer.cfg.keyTypes = []KeyType{"broken"} // before Run: no race
 	clk.SetTime(s.RenewAt())
 	before := certmetricstest.LoadErrors(t, s.Name())
 

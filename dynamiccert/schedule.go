@@ -18,8 +18,9 @@ import (
 // only on the state, the time and what the observers confirmed, so replicas
 // reading the same Secret agree on them.
 type rotation struct {
-	name                         string
-	keyType                      pki.KeyType
+	name string
+	// caKeyType is the key type of new CAs (see caKeyType).
+	caKeyType                    pki.KeyType
 	caLifetime, caRenewBefore    time.Duration
 	propagation, leafRenewBefore time.Duration
 	// skew is the clock skew tolerated between the processes sharing the
@@ -147,7 +148,7 @@ func (r rotation) valid(c *x509.Certificate, now time.Time) bool {
 }
 
 func (r rotation) newCA(now time.Time) (*pki.Issued, error) {
-	return pki.NewCA(pki.Request{CommonName: r.name + "-ca", KeyType: r.keyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
+	return pki.NewCA(pki.Request{CommonName: r.name + "-ca", KeyType: r.caKeyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
 }
 
 // backdate is how far certificates are backdated: the skew tolerance, and
@@ -200,14 +201,15 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 	return next
 }
 
-// issueLeaf signs a serving leaf for cfg's names with the signing CA.
-func (r rotation) issueLeaf(cs *caSet, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
+// issueLeaf signs a serving leaf with a new key of type kt for cfg's names
+// with the signing CA.
+func (r rotation) issueLeaf(cs *caSet, kt pki.KeyType, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
 	issued, err := pki.IssueLeaf(cs.signing, pki.Request{
 		CommonName: commonName, DNSNames: dnsNames, IPs: ips,
-		KeyType: r.keyType, Now: now, Lifetime: lifetime, Backdate: r.backdate(),
+		KeyType: kt, Now: now, Lifetime: lifetime, Backdate: r.backdate(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("issuing leaf: %w", err)
+		return nil, fmt.Errorf("issuing %s leaf: %w", kt, err)
 	}
 	return issued, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -13,8 +14,6 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-
-	"github.com/evercert/evercert/internal/pki"
 )
 
 // Defaults for SelfSignedConfig.
@@ -49,8 +48,16 @@ type SelfSignedConfig struct {
 	// SNINames, when set, replace the names taken from the certificate for
 	// SNI selection (see sni). Default nil.
 	SNINames []string
-	// KeyType of the CA and leaf keys. Default pki.ECDSAP256.
-	KeyType pki.KeyType
+	// KeyTypes are the key types of the leaves: one leaf per type, for the
+	// same names, signed by the same CA and renewed together. The first is
+	// served by CurrentCertKeyContent; each further one by a provider of
+	// Alternatives, which the sni controller serves side by side, giving
+	// each client the first leaf it supports, ECDSA first. Default
+	// [ECDSAP256]; a type may be listed once. The CA's key is of the first
+	// RSA type listed, if any (so a client that can only verify RSA can
+	// verify every leaf's chain), else of the first type; it takes effect
+	// with the next CA.
+	KeyTypes []KeyType
 	// Lifetime of the leaf. Default DefaultSelfSignedLifetime.
 	Lifetime time.Duration
 	// RenewBefore is how long before the leaf expires it is replaced.
@@ -109,12 +116,11 @@ func (c *SelfSignedConfig) complete() error {
 			}
 		}
 	}
-	if c.KeyType == "" {
-		c.KeyType = pki.ECDSAP256
+	kts, err := completeKeyTypes(c.KeyTypes)
+	if err != nil {
+		return fmt.Errorf("key types: %w", err)
 	}
-	if _, err := pki.ParseKeyType(string(c.KeyType)); err != nil {
-		return err
-	}
+	c.KeyTypes = kts
 	if c.Lifetime == 0 {
 		c.Lifetime = DefaultSelfSignedLifetime
 	}
@@ -172,7 +178,8 @@ func (c *SelfSignedConfig) complete() error {
 // use.
 type SelfSigned struct {
 	*issuer
-	cfg SelfSignedConfig
+	cfg  SelfSignedConfig
+	alts []dynamiccertificates.SNICertKeyContentProvider
 }
 
 var (
@@ -189,14 +196,15 @@ func NewSelfSigned(cfg SelfSignedConfig) (*SelfSigned, error) {
 		return nil, fmt.Errorf("self-signed provider %q: %w", cfg.Name, err)
 	}
 	s := &SelfSigned{cfg: cfg, issuer: newIssuer(issuerConfig{
-		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, lifetime: cfg.Lifetime,
+		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
 	}, rotation{
-		name: cfg.Name, keyType: cfg.KeyType,
+		name: cfg.Name, caKeyType: caKeyType(cfg.KeyTypes).pki(),
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
 		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
 		skew: cfg.SkewTolerance,
 	}, &memoryStore{}, cfg.Observers)}
+	s.alts = newAlternatives(s.issuer, cfg.SNINames)
 	if _, err := s.check(context.Background()); err != nil {
 		return nil, err
 	}
@@ -211,6 +219,18 @@ func (s *SelfSigned) Config() SelfSignedConfig { return s.cfg }
 
 // SNINames returns the configured explicit SNI names, or nil.
 func (s *SelfSigned) SNINames() []string { return s.cfg.SNINames }
+
+// Alternatives returns one provider per key type after the first in
+// KeyTypes (none by default), each serving the leaf of that type under the
+// name "<Name>/<key type>", with the same SNINames. They need no Run of
+// their own, and notify when the primary leaf does. The sni controller
+// serves them next to the primary leaf on its own (see
+// sni.AlternativesProvider); with upstream's controller, which cannot
+// choose per client, add them as SNI certificates only if they should win
+// their names over the primary. The slice is the caller's.
+func (s *SelfSigned) Alternatives() []dynamiccertificates.SNICertKeyContentProvider {
+	return slices.Clone(s.alts)
+}
 
 // AddObserver adds o to the observers a successor CA waits for. Add
 // observers before the first rotation is due: a successor already waiting

@@ -63,16 +63,16 @@ func TestSelfSignedDefaults(t *testing.T) {
 }
 
 func TestSelfSignedKeyTypes(t *testing.T) {
-	for _, kt := range pki.KeyTypes {
+	for _, kt := range KeyTypes {
 		t.Run(string(kt), func(t *testing.T) {
-			s, err := NewSelfSigned(SelfSignedConfig{KeyType: kt, Hosts: []string{"example.test"}})
+			s, err := NewSelfSigned(SelfSignedConfig{KeyTypes: []KeyType{kt}, Hosts: []string{"example.test"}})
 			require.NoError(t, err)
 			switch pub := s.Leaf().PublicKey.(type) {
 			case *ecdsa.PublicKey:
-				want := map[pki.KeyType]int{pki.ECDSAP256: 256, pki.ECDSAP384: 384}[kt]
+				want := map[KeyType]int{ECDSAP256: 256, ECDSAP384: 384}[kt]
 				assert.Equal(t, want, pub.Curve.Params().BitSize)
 			case *rsa.PublicKey:
-				want := map[pki.KeyType]int{pki.RSA2048: 2048, pki.RSA3072: 3072}[kt]
+				want := map[KeyType]int{RSA2048: 2048, RSA3072: 3072}[kt]
 				assert.Equal(t, want, pub.N.BitLen())
 			default:
 				t.Fatalf("unexpected key %T", pub)
@@ -86,7 +86,8 @@ func TestSelfSignedKeyTypes(t *testing.T) {
 
 func TestSelfSignedConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]SelfSignedConfig{
-		"unknown key type":          {KeyType: "dsa-1024"},
+		"unknown key type":          {KeyTypes: []KeyType{"dsa-1024"}},
+		"key type twice":            {KeyTypes: []KeyType{ECDSAP256, RSA2048, "ECDSA-P256"}},
 		"renew-before >= lifetime":  {Lifetime: time.Hour, RenewBefore: time.Hour},
 		"negative lifetime":         {Lifetime: -time.Hour},
 		"CA renew-before too short": {Lifetime: time.Hour, CALifetime: 3 * time.Hour, CARenewBefore: 10 * time.Minute},
@@ -218,11 +219,11 @@ func mustParseBundle(t *testing.T, bundle []byte) []*x509.Certificate {
 // against upstream's certutil.GenerateSelfSignedCertKey (two RSA-2048 keys),
 // which k8s.io/apiserver uses for its loopback and self-signed certificates.
 func BenchmarkSelfSignedGenerate(b *testing.B) {
-	for _, kt := range []pki.KeyType{pki.ECDSAP256, pki.RSA2048} {
+	for _, kt := range []KeyType{ECDSAP256, RSA2048} {
 		b.Run("evercert/"+string(kt), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := NewSelfSigned(SelfSignedConfig{KeyType: kt}); err != nil {
+				if _, err := NewSelfSigned(SelfSignedConfig{KeyTypes: []KeyType{kt}}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need, if they are missing:
 #   sslscan     TLS posture checks in test/posture
+#   openssl     openssl s_client, a non-Go client in the dual-certificate tests
+#               (sni, example/server, test/fips)
 #   prometheus  promtool, which checks and unit-tests the alert rules in
 #               deploy/prometheus (make test-alerts)
 # Idempotent and quiet when everything is present. Runs as root (CI) or
 # through sudo; never reads stdin.
 set -euo pipefail
 
-packages=(sslscan prometheus)
+#   sslscan     TLS posture checks in test/posture
+#   openssl     openssl s_client, a non-Go client in the dual-certificate tests
+#               (sni, example/server, test/fips)
+#   prometheus  promtool, which checks and unit-tests the alert rules in
+#               deploy/prometheus (make test-alerts)
 
 missing=()
 for pkg in "${packages[@]}"; do

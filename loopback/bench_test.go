@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/evercert/evercert/dynamiccert"
-	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -34,7 +33,7 @@ func BenchmarkLoopbackSetup(b *testing.B) {
 	newOptions := func() *options.SecureServingOptions {
 		return &options.SecureServingOptions{Listener: ln, ServerCert: options.GeneratableKeyCert{GeneratedCert: serving}}
 	}
-	evercert := func(kt pki.KeyType) func(b *testing.B) {
+	evercert := func(kt dynamiccert.KeyType) func(b *testing.B) {
 		return func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -50,7 +49,7 @@ func BenchmarkLoopbackSetup(b *testing.B) {
 		}
 	}
 	b.Run("evercert", evercert(""))
-	b.Run("evercert-rsa2048", evercert(pki.RSA2048))
+	b.Run("evercert-rsa2048", evercert(dynamiccert.RSA2048))
 	b.Run("upstream", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -65,7 +65,7 @@ func New(opts Options) (*Certificate, error) {
 		CommonName:  ServerName,
 		Hosts:       []string{ServerName},
 		SNINames:    []string{ServerName},
-		KeyType:     opts.KeyType,
+		KeyTypes:    []dynamiccert.KeyType{opts.KeyType},
 		Lifetime:    opts.Validity,
 		RenewBefore: opts.RenewBefore,
 		Clock:       opts.Clock,

@@ -7,7 +7,7 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/dynamiccert"
 )
 
 const (
@@ -36,9 +36,9 @@ type Options struct {
 	// Default Validity/3, so the leaf is renewed at 2/3 of its life. It must
 	// be positive and shorter than Validity.
 	RenewBefore time.Duration
-	// KeyType of the CA and leaf keys. Default pki.ECDSAP256, which is about
-	// a thousand times cheaper to generate than upstream's RSA-2048.
-	KeyType pki.KeyType
+	// KeyType of the CA and leaf keys. Default dynamiccert.ECDSAP256, which
+	// is about a thousand times cheaper to generate than upstream's RSA-2048.
+	KeyType dynamiccert.KeyType
 	// Clock drives rotation, the loopback client's validity checks and the
 	// health check. Default clock.RealClock{}. Tests inject a fake clock.
 	Clock clock.WithTicker
@@ -58,7 +58,7 @@ func (o *Options) complete() error {
 		o.RenewBefore = o.Validity / 3
 	}
 	if o.KeyType == "" {
-		o.KeyType = pki.ECDSAP256
+		o.KeyType = dynamiccert.ECDSAP256
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -70,7 +70,7 @@ func (o *Options) complete() error {
 	if o.RenewBefore <= 0 || o.RenewBefore >= o.Validity {
 		errs = append(errs, fmt.Errorf("renew-before %v must be positive and shorter than the validity %v", o.RenewBefore, o.Validity))
 	}
-	if _, err := pki.ParseKeyType(string(o.KeyType)); err != nil {
+	if _, err := dynamiccert.ParseKeyType(string(o.KeyType)); err != nil {
 		errs = append(errs, err)
 	}
 	if o.Grace < 0 {

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/dynamiccert"
 )
 
 func TestOptionsDefaults(t *testing.T) {
@@ -16,7 +16,7 @@ func TestOptionsDefaults(t *testing.T) {
 	require.NoError(t, o.complete())
 	assert.Equal(t, 24*time.Hour, o.Validity)
 	assert.Equal(t, 8*time.Hour, o.RenewBefore, "renew at 2/3 of the validity")
-	assert.Equal(t, pki.ECDSAP256, o.KeyType)
+	assert.Equal(t, dynamiccert.ECDSAP256, o.KeyType)
 	assert.Equal(t, clock.RealClock{}, o.Clock)
 	assert.Equal(t, 144*time.Minute, o.Grace, "grace is a tenth of the validity")
 

@@ -85,7 +85,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		ns, name, _ := splitNamespacedName(o.CASecret)
 		p, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
-			Hosts: o.SelfSignedHosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
+			Hosts: o.SelfSignedHosts, KeyTypes: o.keyTypes(), Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
 			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock,
 		})

@@ -70,6 +70,12 @@ type Options struct {
 	// used when no certificate flag is given. Flag --self-signed-hosts,
 	// default localhost,127.0.0.1,::1.
 	SelfSignedHosts []string
+	// SelfSignedKeyTypes are the key types of the self-signed default's
+	// leaves, and of --ca-secret's: one leaf per type for the same names,
+	// signed by the same CA and renewed together; each client gets the
+	// first it supports, ECDSA first (see dynamiccert.KeyType). Flag
+	// --self-signed-key-types, default ecdsa-p256.
+	SelfSignedKeyTypes []string
 	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
 	// --self-signed-validity, default 720h.
 	SelfSignedValidity time.Duration
@@ -122,6 +128,9 @@ type Options struct {
 	ShutdownTimeout time.Duration
 }
 
+// defaultSelfSignedKeyTypes is the default of --self-signed-key-types.
+var defaultSelfSignedKeyTypes = []string{string(dynamiccert.ECDSAP256)}
+
 // NewOptions returns Options with every default filled in.
 func NewOptions() *Options {
 	return &Options{
@@ -130,6 +139,7 @@ func NewOptions() *Options {
 		MinTLSVersion:      "VersionTLS12",
 		CipherSuites:       append([]string(nil), DefaultCipherSuites...),
 		SelfSignedHosts:    append([]string(nil), dynamiccert.DefaultSelfSignedHosts...),
+		SelfSignedKeyTypes: slices.Clone(defaultSelfSignedKeyTypes),
 		SelfSignedValidity: dynamiccert.DefaultSelfSignedLifetime,
 		ResyncInterval:     time.Minute,
 		Clock:              clock.RealClock{},
@@ -143,13 +153,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.SecurePort, "secure-port", o.SecurePort, "The port on which to serve HTTPS. 0 picks a free port; the log line 'serving on https://HOST:PORT' says which.")
 	fs.StringVar(&o.CertFile, "tls-cert-file", o.CertFile, "File containing the default x509 certificate for HTTPS, followed by its intermediates in order (each the issuer of the one before). Reloaded when it changes. Without any certificate flag the server serves an in-memory self-signed certificate.")
 	fs.StringVar(&o.KeyFile, "tls-private-key-file", o.KeyFile, "File containing the default x509 private key matching --tls-cert-file. It may be the same file as --tls-cert-file, holding the key and the chain in either order (as a podCertificate projected volume's credentialBundlePath does).")
-	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate (and intermediates) and private key file paths, which may be the same file holding both, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice. Repeatable.")
+	fs.Var(cliflag.NewNamedCertKeyArray(&o.SNICertKeys), "tls-sni-cert-key", "A pair of x509 certificate (and intermediates) and private key file paths, which may be the same file holding both, optionally suffixed with a list of domain patterns, e.g. \"example.crt,example.key\" or \"foo.crt,foo.key:*.foo.com,foo.com\". Explicit names replace the names in the certificate; the earlier flag wins a name claimed twice by certificates of the same key algorithm. "+
+		"Certificates of different key algorithms (ECDSA, RSA) for the same name are both served, and each client gets the one it supports, ECDSA first; a pair with exactly the DNS and IP SANs of --tls-cert-file's certificate is also served to clients that send no name. Repeatable.")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "If set, client certificates signed by one of these CAs are verified (presenting one is optional). Reloaded when it changes.")
 	fs.StringVar(&o.MinTLSVersion, "tls-min-version", o.MinTLSVersion, "Minimum TLS version supported. Possible values: "+strings.Join(cliflag.TLSPossibleVersions(), ", "))
 	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of TLS 1.2 cipher suites (TLS 1.3 suites are always enabled and not configurable). "+
 		"Below --tls-min-version=VersionTLS13 the list must include TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 or TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, "+
 		"which HTTP/2 requires: a list without either is refused (HTTP/2 is never switched off). Go's insecure suites are refused. Possible values: "+strings.Join(acceptedCipherSuites(), ", "))
 	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
+	fs.StringSliceVar(&o.SelfSignedKeyTypes, "self-signed-key-types", o.SelfSignedKeyTypes, "Comma-separated key types of the self-signed certificate (and of --ca-secret's): one certificate per type for the same names, renewed together; each client gets the first it supports, ECDSA first. "+
+		"With an RSA type the CA is RSA too, so clients that cannot verify ECDSA verify every chain. All are approved in FIPS 140-3 mode. Possible values: "+strings.ReplaceAll(strings.Trim(fmt.Sprint(dynamiccert.KeyTypes), "[]"), " ", ", "))
 	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
 	fs.DurationVar(&o.CAValidity, "ca-validity", o.CAValidity, "Lifetime of each CA of the self-signed default and --ca-secret. 0 means three --self-signed-validity (eight with --ca-secret).")
@@ -227,7 +240,13 @@ func (o *Options) Validate() []error {
 				errs = append(errs, fmt.Errorf("%s: %v must not be negative", flag, v))
 			}
 		}
+		if _, err := dynamiccert.ParseKeyTypes(o.SelfSignedKeyTypes); err != nil {
+			errs = append(errs, fmt.Errorf("--self-signed-key-types: %w", err))
+		}
 	} else {
+		if !slices.Equal(o.SelfSignedKeyTypes, defaultSelfSignedKeyTypes) {
+			errs = append(errs, errors.New("--self-signed-key-types: only used with the self-signed default or --ca-secret; for files, give one --tls-sni-cert-key pair per key type"))
+		}
 		for flag, v := range map[string]time.Duration{"--ca-validity": o.CAValidity, "--ca-renew-before": o.CARenewBefore, "--ca-propagation-delay": o.CAPropagationDelay, "--clock-skew-tolerance": o.ClockSkewTolerance} {
 			if v != 0 {
 				errs = append(errs, fmt.Errorf("%s: only used with the self-signed default or --ca-secret", flag))
@@ -311,11 +330,17 @@ func insecureSuites(ids []uint16) []string {
 	return bad
 }
 
+// keyTypes returns --self-signed-key-types parsed; Validate has checked it.
+func (o *Options) keyTypes() []dynamiccert.KeyType {
+	kts, _ := dynamiccert.ParseKeyTypes(o.SelfSignedKeyTypes)
+	return kts
+}
+
 func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
 	return dynamiccert.SelfSignedConfig{
 		Name:        "self-signed",
 		Hosts:       o.SelfSignedHosts,
-		KeyType:     pki.ECDSAP256,
+		KeyTypes:    o.keyTypes(),
 		Lifetime:    o.SelfSignedValidity,
 		RenewBefore: o.SelfSignedRenewBefore,
 		CALifetime:  o.CAValidity, CARenewBefore: o.CARenewBefore,
@@ -326,7 +351,7 @@ func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
 
 // scheduleFlags names the flags whose combination an issuer validates, for
 // its errors.
-const scheduleFlags = "--self-signed-validity, --self-signed-renew-before, --ca-validity, --ca-renew-before, --ca-propagation-delay, --clock-skew-tolerance"
+const scheduleFlags = "--self-signed-key-types, --self-signed-validity, --self-signed-renew-before, --ca-validity, --ca-renew-before, --ca-propagation-delay, --clock-skew-tolerance"
 
 // fipsApprovedSuites are the suites evercert accepts in FIPS 140-3 mode:
 // those crypto/tls allows there (allowedCipherSuitesFIPS and

@@ -2,6 +2,8 @@ package server
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +82,10 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"--ca-secret=ns/"}, "--ca-secret"},
 		{[]string{"--tls-secret=a/b", "--ca-secret=a/c"}, "--ca-secret, --tls-secret"},
 		{[]string{"--kubeconfig=kc"}, "--kubeconfig"},
+		{[]string{"--self-signed-key-types=ecdsa-p256,dsa-1024"}, "--self-signed-key-types"},
+		{[]string{"--self-signed-key-types=rsa-2048,RSA-2048"}, "--self-signed-key-types"},
+		{[]string{"--self-signed-key-types="}, "--self-signed-key-types"},
+		{[]string{"--tls-cert-file=a", "--tls-private-key-file=b", "--self-signed-key-types=ecdsa-p256,rsa-2048"}, "--self-signed-key-types"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parse(t, tc.args...)
@@ -119,4 +125,44 @@ func TestCAScheduleFlags(t *testing.T) {
 	files := NewOptions()
 	files.CertFile, files.KeyFile, files.CAValidity = "a", "b", time.Hour
 	require.ErrorContains(t, errors.Join(files.Validate()...), "--ca-validity: only used with the self-signed default or --ca-secret")
+}
+
+// TestSelfSignedKeyTypesFlag: --self-signed-key-types reaches the
+// self-signed default and --ca-secret's Authority, in order.
+func TestSelfSignedKeyTypesFlag(t *testing.T) {
+	o, err := parse(t, "--self-signed-key-types=ecdsa-p256,RSA-2048")
+	require.NoError(t, err)
+	s, err := o.Build()
+	require.NoError(t, err)
+	ss := s.TrustBundle.(*dynamiccert.SelfSigned)
+	assert.Equal(t, []dynamiccert.KeyType{dynamiccert.ECDSAP256, dynamiccert.RSA2048}, ss.Config().KeyTypes)
+	require.Len(t, ss.Alternatives(), 1)
+	assert.Equal(t, "self-signed/rsa-2048", ss.Alternatives()[0].Name())
+
+	o, err = parse(t, "--ca-secret=ns/ca", "--kubeconfig="+writeKubeconfig(t), "--self-signed-key-types=rsa-3072,ecdsa-p384")
+	require.NoError(t, err)
+	s, err = o.Build()
+	require.NoError(t, err)
+	a := s.TrustBundle.(*dynamiccert.Authority)
+	require.Len(t, a.Alternatives(), 1)
+	assert.Equal(t, "ca-secret/ecdsa-p384", a.Alternatives()[0].Name())
+
+	o, err = parse(t)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"ecdsa-p256"}, o.SelfSignedKeyTypes)
+}
+
+// writeKubeconfig writes a kubeconfig for a server that is never contacted:
+// Build makes clients, only Run uses them.
+func writeKubeconfig(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	return path
 }

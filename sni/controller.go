@@ -32,7 +32,10 @@ const workItemKey = "sync"
 // All methods are safe for concurrent use. GetConfigForClient and the
 // GetCertificate of the config it returns never block, and do not allocate
 // (GetCertificate allocates only to lower-case an SNI name that has
-// upper-case letters, which clients rarely send).
+// upper-case letters, which clients rarely send, and, for a name served
+// with certificates of several key algorithms, inside crypto/tls's
+// SupportsCertificate: 2 allocations for a client that takes the ECDSA
+// certificate, 10 for an RSA-only TLS 1.2 client, with Go 1.26).
 type DynamicServingCertificateController struct {
 	opts options
 
@@ -48,9 +51,11 @@ type DynamicServingCertificateController struct {
 	queue workqueue.TypedRateLimitingInterface[string]
 
 	// syncMu serialises syncs: the slots are a single-writer cache.
-	syncMu   sync.Mutex
-	serving  *certSlot   // guarded by syncMu; nil without a serving provider
-	sniSlots []*certSlot // guarded by syncMu
+	syncMu sync.Mutex
+	// serving holds the serving provider's slot and its alternatives';
+	// empty without a serving provider. Guarded by syncMu.
+	serving  []*certSlot
+	sniSlots []*certSlot // guarded by syncMu; alternatives right after their provider
 	clientCA *caSlot     // guarded by syncMu; nil without a client CA provider
 
 	listenersMu sync.Mutex
@@ -115,15 +120,31 @@ func NewDynamicServingCertificateController(
 		clientCA.AddListener(c)
 	}
 	if serving != nil {
-		c.serving = &certSlot{provider: serving, role: RoleServing, name: serving.Name()}
+		c.serving = append(c.serving, &certSlot{provider: serving, role: RoleServing, name: serving.Name()})
 		serving.AddListener(c)
+		for _, alt := range alternativesOf(serving) {
+			if alt == nil {
+				continue
+			}
+			// Another serving certificate: it claims no names either.
+			c.serving = append(c.serving, &certSlot{provider: alt, role: RoleServing, name: alt.Name()})
+			alt.AddListener(c)
+		}
 	}
 	for _, p := range sniCerts {
 		if p == nil {
 			continue
 		}
-		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name(), nameOnly: isNameOnly(p)})
+		nameOnly := isNameOnly(p)
+		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name(), nameOnly: nameOnly})
 		p.AddListener(c)
+		for _, alt := range alternativesOf(p) {
+			if alt == nil {
+				continue
+			}
+			c.sniSlots = append(c.sniSlots, &certSlot{provider: alt, sni: alt, role: RoleSNI, name: alt.Name(), nameOnly: nameOnly || isNameOnly(alt)})
+			alt.AddListener(c)
+		}
 	}
 	return c
 }
@@ -149,8 +170,10 @@ func (c *DynamicServingCertificateController) GetConfigForClient(*tls.ClientHell
 }
 
 // GetCertificate implements tls.Config.GetCertificate with the current
-// snapshot's selection (exact name, wildcard, local IP, default). Before the
-// first successful sync it returns ErrNotReady. It does not allocate.
+// snapshot's selection (exact name, wildcard, local IP, default; then the
+// first certificate the client supports when there are several key
+// algorithms). Before the first successful sync it returns ErrNotReady. It
+// does not allocate for a match with one certificate.
 //
 // Use it when a framework owns the tls.Config (controller-runtime's webhook
 // and metrics servers, a genericapiserver, gRPC): only the certificate comes
@@ -287,9 +310,10 @@ func (c *DynamicServingCertificateController) AddListener(l dynamiccertificates.
 }
 
 // Served describes what the current snapshot serves: the serving
-// certificate, then the SNI certificates in provider order (providers that
-// never had valid content are absent), then the client CA certificates. It
-// returns a fresh copy, nil before the first sync.
+// certificate and its alternatives, then the SNI certificates in provider
+// order, each followed by its alternatives (providers that never had valid
+// content are absent), then the client CA certificates. It returns a fresh
+// copy, nil before the first sync.
 func (c *DynamicServingCertificateController) Served() []ServedCertificate {
 	s := c.current.Load()
 	if s == nil {
@@ -333,8 +357,8 @@ func (c *DynamicServingCertificateController) syncLocked() (swapped, retry bool,
 	if c.clientCA != nil {
 		apply(c.clientCA.refresh(c))
 	}
-	if c.serving != nil {
-		apply(c.serving.refresh(c, now))
+	for _, slot := range c.serving {
+		apply(slot.refresh(c, now))
 	}
 	for _, slot := range c.sniSlots {
 		apply(slot.refresh(c, now))

@@ -40,6 +40,32 @@
 // indexed). Explicit names take precedence over names taken from
 // certificates, and within each kind the earlier provider wins a name.
 //
+// # Several key algorithms for one name
+//
+// Some clients cannot use ECDSA (legacy or restricted TLS stacks), while an
+// ECDSA handshake costs the server about half of an RSA one. So a name can
+// carry one certificate per key algorithm (ECDSA, Ed25519, RSA), and each
+// client gets the first one its ClientHello supports
+// (tls.ClientHelloInfo.SupportsCertificate), ECDSA first; when none fits,
+// the first is served and crypto/tls fails the handshake as it would have.
+//
+//   - When a provider claims a name that a certificate of another key
+//     algorithm already holds, it joins that name as an alternative instead
+//     of losing it. Against a certificate of the same algorithm the earlier
+//     claim still wins.
+//   - The serving certificate claims no names, but joins the names an SNI
+//     provider claimed that it is valid for (its CN, DNS and IP SANs).
+//   - The default's alternatives are the certificates of other algorithms
+//     with exactly the same DNS and IP SANs: the serving provider's
+//     alternatives first, then SNI certificates in order.
+//   - A name-only provider's names are its alone: nothing joins them.
+//   - A provider that implements AlternativesProvider (dynamiccert.SelfSigned
+//     and Authority with several KeyTypes) has its alternatives served as if
+//     listed right after it.
+//
+// A name with one certificate, the common case, costs nothing more per
+// handshake; see GetCertificate for the cost of choosing among several.
+//
 // Typical use:
 //
 //	c := sni.NewDynamicServingCertificateController(base, clientCA, serving, sniCerts)

@@ -17,7 +17,8 @@ import (
 //     providers, so a client sending no SNI or an unknown name never sees it;
 //   - IP addresses among its SNINames are ignored, so it is never selected
 //     for a local IP either;
-//   - it wins its names over every other provider, whatever their order.
+//   - it wins its names over every other provider, whatever their order,
+//     and no certificate of another key algorithm joins them.
 //
 // A name-only provider without explicit SNINames is never selected. If only
 // name-only providers have valid content, there is nothing to serve by

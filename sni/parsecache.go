@@ -2,6 +2,7 @@ package sni
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -48,6 +49,15 @@ type certSlot struct {
 	// desc describes pair for Served; made once per parse because it is
 	// shared by every snapshot that serves pair, and never modified.
 	desc *ServedCertificate
+	// single is pair alone as an index entry, made once per parse and
+	// shared by every name and snapshot that selects only pair.
+	single *choice
+	// sans is pair's subject alternative names (DNS names and IPs),
+	// canonical and sorted, to find the default's alternatives: empty
+	// without SANs. ipSANs are its IP SANs, which a serving certificate
+	// joins in the IP index.
+	sans   string
+	ipSANs []string
 	// explicit holds the lower-cased, de-duplicated SNINames() of the last
 	// refresh; explicitSeen is the list as the provider returned it
 	// (lower-cased), to detect changes without allocating.
@@ -131,6 +141,8 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	rotated := s.pair != nil
 	s.cert, s.key, s.pair = certPEM, keyPEM, pair
 	s.extracted = extractNames(pair.Leaf)
+	s.sans, s.ipSANs = subjectAltNames(pair.Leaf)
+	s.single = &choice{certs: []*tls.Certificate{&pair.TLS}, exclusive: s.nameOnly}
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil
@@ -264,6 +276,25 @@ func extractNames(leaf *x509.Certificate) []string {
 		names = appendUnique(names, strings.ToLower(name))
 	}
 	return names
+}
+
+// subjectAltNames returns leaf's DNS and IP SANs as one canonical key
+// (lower-case, sorted, de-duplicated), so that two certificates for the
+// same names compare equal whatever their order, and its IP SANs.
+func subjectAltNames(leaf *x509.Certificate) (string, []string) {
+	names := make([]string, 0, len(leaf.DNSNames)+len(leaf.IPAddresses))
+	for _, name := range leaf.DNSNames {
+		names = append(names, strings.ToLower(name))
+	}
+	var ips []string
+	for _, ip := range leaf.IPAddresses {
+		if addr, ok := netip.AddrFromSlice(ip); ok {
+			ips = append(ips, addr.Unmap().String())
+		}
+	}
+	names = append(names, ips...)
+	slices.Sort(names)
+	return strings.Join(slices.Compact(names), ","), ips
 }
 
 // equalFoldNames reports whether lowered (already lower-case) equals names

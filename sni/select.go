@@ -10,15 +10,21 @@ import (
 // getCertificate is the snapshot's tls.Config.GetCertificate. It runs on
 // every handshake and does not allocate when the SNI name is already lower
 // case (strings.ToLower returns its argument unchanged then), which is what
-// clients send in practice.
+// clients send in practice, and the match has one certificate, or several
+// of which the first fits the client (see choice.pick).
 //
 // Order: exact name, single-label wildcard, (no SNI) explicit local IP,
 // default. It never returns nil: the default always exists in a snapshot.
 func (s *snapshot) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return s.choose(hello).pick(hello), nil
+}
+
+// choose returns what hello's server name, or local IP, selects.
+func (s *snapshot) choose(hello *tls.ClientHelloInfo) *choice {
 	if hello.ServerName != "" {
 		name := strings.ToLower(hello.ServerName)
-		if cert, ok := s.exact[name]; ok {
-			return cert, nil
+		if c, ok := s.exact[name]; ok {
+			return c
 		}
 		if len(s.wildcard) > 0 {
 			// Only the first label is replaced, so *.example.com matches
@@ -30,21 +36,21 @@ func (s *snapshot) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate,
 				suffix, ok = name[i+1:], i > 0
 			}
 			if ok {
-				if cert, ok := s.wildcard[suffix]; ok {
-					return cert, nil
+				if c, ok := s.wildcard[suffix]; ok {
+					return c
 				}
 			}
 		}
-		return s.def, nil
+		return s.def
 	}
 	if len(s.ips) > 0 {
 		if addr, ok := localIP(hello.Conn); ok {
-			if cert, ok := s.ips[addr]; ok {
-				return cert, nil
+			if c, ok := s.ips[addr]; ok {
+				return c
 			}
 		}
 	}
-	return s.def, nil
+	return s.def
 }
 
 // localIP returns the IP of conn's local address, unmapped and without a

@@ -8,7 +8,8 @@ import (
 
 // Roles reported in ServedCertificate.Role.
 const (
-	// RoleServing is the serving (default) certificate provider.
+	// RoleServing is the serving (default) certificate provider, and the
+	// providers of its alternatives (AlternativesProvider).
 	RoleServing = "serving"
 	// RoleSNI is an SNI certificate provider.
 	RoleSNI = "sni"
@@ -26,28 +27,35 @@ type ServedCertificate struct {
 	Role string
 	// Subject is the certificate's subject common name.
 	Subject string
+	// KeyAlgorithm is the algorithm of the certificate's public key:
+	// "ECDSA", "RSA" or "Ed25519".
+	KeyAlgorithm string
 	// Names are the SNI names (and explicit IPs) this certificate is selected
-	// for, in the order the provider claimed them. Names won by an earlier
-	// provider are not listed. Empty for the serving certificate (unless it
-	// is also given as an SNI provider) and for client CAs.
+	// for, in the order the provider claimed them, including names it
+	// serves as the alternative of another key algorithm. Names won by an
+	// earlier provider with the same key algorithm are not listed. For a
+	// serving certificate, the names an SNI provider claimed that it is
+	// served for too, to clients of its key algorithm; empty for client CAs.
 	Names []string
 	// Serial is the serial number in lower-case hexadecimal.
 	Serial string
 	// NotBefore and NotAfter are the certificate's validity bounds.
 	NotBefore time.Time
 	NotAfter  time.Time
-	// IsDefault is true for the certificate served when no name matches.
+	// IsDefault is true for the certificate served when no name matches,
+	// and for its alternatives of other key algorithms.
 	IsDefault bool
 }
 
 func describe(provider, role string, cert *x509.Certificate) ServedCertificate {
 	return ServedCertificate{
-		Provider:  provider,
-		Role:      role,
-		Subject:   cert.Subject.CommonName,
-		Serial:    cert.SerialNumber.Text(16),
-		NotBefore: cert.NotBefore,
-		NotAfter:  cert.NotAfter,
+		Provider:     provider,
+		Role:         role,
+		Subject:      cert.Subject.CommonName,
+		KeyAlgorithm: cert.PublicKeyAlgorithm.String(),
+		Serial:       cert.SerialNumber.Text(16),
+		NotBefore:    cert.NotBefore,
+		NotAfter:     cert.NotAfter,
 	}
 }
 
@@ -59,7 +67,7 @@ func (s *snapshot) servedCopy() []ServedCertificate {
 	for i, e := range s.served {
 		d := *e.desc
 		d.Names = slices.Clone(e.names)
-		d.IsDefault = i == s.defaultIndex
+		d.IsDefault = slices.Contains(s.defaults, i)
 		out = append(out, d)
 	}
 	return append(out, s.clientCAs...)

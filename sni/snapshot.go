@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"iter"
 	"net/netip"
 	"strings"
 )
@@ -19,25 +20,26 @@ type snapshot struct {
 	// is this snapshot's getCertificate.
 	config *tls.Config
 
-	// exact maps lower-case names to certificates.
-	exact map[string]*tls.Certificate
-	// wildcard maps the suffix of "*.suffix" names to certificates, so a
-	// lookup is a map access with a substring of the SNI name: no
+	// exact maps lower-case names to what they select.
+	exact map[string]*choice
+	// wildcard maps the suffix of "*.suffix" names to what they select, so
+	// a lookup is a map access with a substring of the SNI name: no
 	// allocation. The name "*" is stored under "" and matches single-label
 	// names, as it does in crypto/tls and upstream.
-	wildcard map[string]*tls.Certificate
-	// ips maps explicit IP names to certificates, for clients that send no
-	// SNI. Keys are unmapped and zone-less.
-	ips map[netip.Addr]*tls.Certificate
+	wildcard map[string]*choice
+	// ips maps explicit IP names to what they select, for clients that send
+	// no SNI. Keys are unmapped and zone-less.
+	ips map[netip.Addr]*choice
 	// def is served when nothing else matches; never nil.
-	def *tls.Certificate
+	def *choice
 
-	// served describes the certificates in Served order; the one at
-	// defaultIndex is def. It is kept compact (pointers to descriptions the
-	// parse cache made once) because a rebuild with thousands of providers
-	// should not re-describe every certificate; Served expands it.
-	served       []servedEntry
-	defaultIndex int
+	// served describes the certificates in Served order. It is kept compact
+	// (pointers to descriptions the parse cache made once) because a
+	// rebuild with thousands of providers should not re-describe every
+	// certificate; Served expands it.
+	served []servedEntry
+	// defaults are the indexes in served of the default's certificates.
+	defaults []int
 	// clientCAs describe the client CA bundle; shared with the parse cache,
 	// never modified.
 	clientCAs []ServedCertificate
@@ -46,7 +48,7 @@ type snapshot struct {
 // servedEntry is one certificate in a snapshot.
 type servedEntry struct {
 	desc  *ServedCertificate // immutable; Names and IsDefault unset
-	names []string           // the names it won in this snapshot
+	names []string           // the names it is selected for in this snapshot
 }
 
 // snapshotInput is what buildSnapshot reads; the slots belong to the
@@ -54,9 +56,11 @@ type servedEntry struct {
 type snapshotInput struct {
 	base       *tls.Config
 	clientAuth tls.ClientAuthType
-	serving    *certSlot // may be nil
-	sni        []*certSlot
-	clientCA   *caSlot // may be nil
+	// serving is the serving provider's slot followed by the slots of its
+	// alternatives (AlternativesProvider); empty without one.
+	serving  []*certSlot
+	sni      []*certSlot
+	clientCA *caSlot // may be nil
 }
 
 // nameKind says which index a name goes to.
@@ -88,37 +92,55 @@ func classify(name string, explicit bool) (nameKind, string, netip.Addr) {
 // buildSnapshot builds the name index and the prepared config from the
 // slots' last good content. It fails only if there is no certificate at all.
 func buildSnapshot(in snapshotInput) (*snapshot, error) {
-	s := &snapshot{served: make([]servedEntry, 0, 1+len(in.sni))}
+	s := &snapshot{served: make([]servedEntry, 0, len(in.serving)+len(in.sni))}
 
-	if in.serving != nil && in.serving.pair != nil {
-		s.def = &in.serving.pair.TLS
-		s.served = append(s.served, servedEntry{desc: in.serving.desc})
+	var def *certSlot
+	for _, slot := range in.serving {
+		if slot.pair == nil {
+			continue
+		}
+		if def == nil {
+			def = slot
+		}
+		s.served = append(s.served, servedEntry{desc: slot.desc})
 	}
 	nNames := 0
 	for _, slot := range in.sni {
 		if slot.pair == nil {
 			continue // never had valid content: left out
 		}
-		if s.def == nil && !slot.nameOnly {
+		if def == nil && !slot.nameOnly {
 			// No serving certificate: the first valid SNI certificate in the
 			// given order is the default, so the choice never varies. A
 			// name-only certificate is an internal identity, never a default.
-			s.def = &slot.pair.TLS
-			s.defaultIndex = len(s.served)
+			def = slot
 		}
 		s.served = append(s.served, servedEntry{desc: slot.desc})
 		names, _ := slot.names()
 		nNames += len(names)
 	}
-	if s.def == nil {
+	if def == nil {
 		return nil, errNothingLoaded
 	}
+	// The default's alternatives: certificates of other key algorithms for
+	// exactly the same subject alternative names, the serving provider's
+	// alternatives first, then SNI certificates in order.
+	s.def = def.single
+	if def.sans != "" {
+		for slot := range chainSlots(in.serving, in.sni) {
+			if slot.pair != nil && slot != def && !slot.nameOnly && slot.sans == def.sans {
+				s.def = s.def.join(&slot.pair.TLS, false)
+			}
+		}
+	}
 
-	s.exact = make(map[string]*tls.Certificate, nNames)
+	s.exact = make(map[string]*choice, nNames)
 	// Name-only providers first, so that an internal identity keeps its
 	// names whatever the order; then explicit names, so that they win over
 	// names taken from any certificate; within each pass the earlier
-	// provider wins. The last two passes are upstream's precedence.
+	// provider wins against a certificate of the same key algorithm, and a
+	// later one of another algorithm joins it as an alternative. The last
+	// two passes are upstream's precedence.
 	for pass := range 3 {
 		for _, slot := range in.sni {
 			if slot.pair == nil {
@@ -129,29 +151,59 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 				continue
 			}
 			for _, name := range names {
-				s.claim(name, explicit, &slot.pair.TLS)
+				s.claim(name, explicit, slot, false)
 			}
 		}
 	}
+	// The serving certificates claim no names (they are the default), but
+	// join the names an SNI certificate claimed that they are valid for,
+	// so a client gets the serving certificate of its algorithm there too.
+	for _, slot := range in.serving {
+		if slot.pair == nil {
+			continue
+		}
+		for _, name := range slot.extracted {
+			s.claim(name, false, slot, true)
+		}
+		for _, ip := range slot.ipSANs {
+			s.claim(ip, true, slot, true)
+		}
+	}
 
-	// Record which names each certificate won, in its own order, in one
-	// buffer for all of them.
+	// Record which names each certificate is selected for, in its own
+	// order, in one buffer for all of them.
 	buf := make([]string, 0, nNames)
-	i := len(s.served) - 1
-	for j := len(in.sni) - 1; j >= 0; j-- { // backwards, to pair slots with entries
-		slot := in.sni[j]
+	i := 0 // index in served: slots with content, in the same order
+	for slot := range chainSlots(in.serving, in.sni) {
 		if slot.pair == nil {
 			continue
 		}
 		start := len(buf)
-		names, explicit := slot.names()
-		for _, name := range names {
-			if s.owner(name, explicit) == &slot.pair.TLS {
-				buf = append(buf, name)
+		cert := &slot.pair.TLS
+		if slot.sni != nil {
+			names, explicit := slot.names()
+			for _, name := range names {
+				if s.lookup(name, explicit).has(cert) {
+					buf = append(buf, name)
+				}
+			}
+		} else {
+			for _, name := range slot.extracted {
+				if s.lookup(name, false).has(cert) {
+					buf = append(buf, name)
+				}
+			}
+			for _, ip := range slot.ipSANs {
+				if s.lookup(ip, true).has(cert) {
+					buf = append(buf, ip)
+				}
 			}
 		}
 		s.served[i].names = buf[start:len(buf):len(buf)]
-		i--
+		if s.def.has(cert) {
+			s.defaults = append(s.defaults, i)
+		}
+		i++
 	}
 
 	cfg := in.base.Clone()
@@ -176,38 +228,55 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	return s, nil
 }
 
-// claim gives name to cert unless an earlier claim holds it.
-func (s *snapshot) claim(name string, explicit bool, cert *tls.Certificate) {
-	kind, key, addr := classify(name, explicit)
-	switch kind {
-	case ipName:
-		if _, taken := s.ips[addr]; !taken {
-			if s.ips == nil {
-				s.ips = make(map[netip.Addr]*tls.Certificate)
+// chainSlots iterates over the serving slots, then the SNI slots, in
+// Served order, without copying them into one slice.
+func chainSlots(serving, sni []*certSlot) iter.Seq[*certSlot] {
+	return func(yield func(*certSlot) bool) {
+		for _, slots := range [2][]*certSlot{serving, sni} {
+			for _, slot := range slots {
+				if !yield(slot) {
+					return
+				}
 			}
-			s.ips[addr] = cert
-		}
-		// Also by its text, as upstream does, for clients that put an IP
-		// literal in SNI despite RFC 6066.
-		if _, taken := s.exact[key]; !taken {
-			s.exact[key] = cert
-		}
-	case wildcardName:
-		if _, taken := s.wildcard[key]; !taken {
-			if s.wildcard == nil {
-				s.wildcard = make(map[string]*tls.Certificate)
-			}
-			s.wildcard[key] = cert
-		}
-	default:
-		if _, taken := s.exact[key]; !taken {
-			s.exact[key] = cert
 		}
 	}
 }
 
-// owner returns the certificate that holds name in the index.
-func (s *snapshot) owner(name string, explicit bool) *tls.Certificate {
+// claim gives name to slot's certificate unless a certificate of the same
+// key algorithm holds it; with joinOnly, only a name someone holds is
+// joined.
+func (s *snapshot) claim(name string, explicit bool, slot *certSlot, joinOnly bool) {
+	kind, key, addr := classify(name, explicit)
+	switch kind {
+	case ipName:
+		s.ips = claimIn(s.ips, addr, slot, joinOnly)
+		// Also by its text, as upstream does, for clients that put an IP
+		// literal in SNI despite RFC 6066.
+		s.exact = claimIn(s.exact, key, slot, joinOnly)
+	case wildcardName:
+		s.wildcard = claimIn(s.wildcard, key, slot, joinOnly)
+	default:
+		s.exact = claimIn(s.exact, key, slot, joinOnly)
+	}
+}
+
+// claimIn claims key in m for slot (see claim), making m if it is nil.
+func claimIn[K comparable](m map[K]*choice, key K, slot *certSlot, joinOnly bool) map[K]*choice {
+	held, taken := m[key]
+	switch {
+	case taken:
+		m[key] = held.join(&slot.pair.TLS, slot.nameOnly)
+	case !joinOnly:
+		if m == nil {
+			m = make(map[K]*choice)
+		}
+		m[key] = slot.single
+	}
+	return m
+}
+
+// lookup returns what name selects in the index, or nil.
+func (s *snapshot) lookup(name string, explicit bool) *choice {
 	kind, key, addr := classify(name, explicit)
 	switch kind {
 	case ipName:

@@ -3,11 +3,17 @@
 package tlstest
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,4 +110,35 @@ func Dial(addr string, config *tls.Config) (*x509.Certificate, error) {
 		return nil, errors.New("server presented no certificate")
 	}
 	return certs[0], nil
+}
+
+// OpenSSL completes a TLS handshake with the server at addr using the
+// openssl s_client command, a client independent of Go's crypto/tls, and
+// returns the leaf the server presented. serverName is sent as SNI; empty
+// sends none. args are added to the command line, e.g. "-tls1_3",
+// "-sigalgs", "rsa_pss_rsae_sha256" to offer only RSA-PSS signatures. The
+// certificate is not verified: callers check which one they got. The test
+// fails if openssl is not installed (hack/install-deps.sh installs it).
+func OpenSSL(t testing.TB, addr, serverName string, args ...string) (*x509.Certificate, error) {
+	t.Helper()
+	bin, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Fatalf("openssl is required (make deps): %v", err)
+	}
+	cmdArgs := []string{"s_client", "-connect", addr}
+	if serverName == "" {
+		cmdArgs = append(cmdArgs, "-noservername")
+	} else {
+		cmdArgs = append(cmdArgs, "-servername", serverName)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append(cmdArgs, args...)...)
+	cmd.Stdin = strings.NewReader("") // EOF at once: s_client closes after the handshake
+	out, err := cmd.CombinedOutput()
+	block, _ := pem.Decode(out[max(0, bytes.Index(out, []byte("-----BEGIN CERTIFICATE-----"))):])
+	if block == nil {
+		return nil, fmt.Errorf("openssl %s: no server certificate (%v):\n%s", strings.Join(cmd.Args[1:], " "), err, out)
+	}
+	return x509.ParseCertificate(block.Bytes)
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/server"
+	"github.com/evercert/evercert/sni"
 )
 
 var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
@@ -18,16 +19,16 @@ var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
 <h1>evercert example server</h1>
 <p>Now: {{.Now}}</p>
 <table>
-<tr><th>provider</th><th>role</th><th>subject</th><th>names</th><th>serial</th><th>not before</th><th>not after</th><th>renews in</th><th>default</th></tr>
-{{range .Certs}}<tr><td>{{.Provider}}</td><td>{{.Role}}</td><td>{{.Subject}}</td><td>{{.Names}}</td><td><code>{{.Serial}}</code></td><td>{{.NotBefore}}</td><td>{{.NotAfter}}</td><td>{{.RenewsIn}}</td><td>{{if .IsDefault}}yes{{end}}</td></tr>
+<tr><th>provider</th><th>role</th><th>subject</th><th>key</th><th>names</th><th>serial</th><th>not before</th><th>not after</th><th>renews in</th><th>default</th></tr>
+{{range .Certs}}<tr><td>{{.Provider}}</td><td>{{.Role}}</td><td>{{.Subject}}</td><td>{{.KeyAlgorithm}}</td><td>{{.Names}}</td><td><code>{{.Serial}}</code></td><td>{{.NotBefore}}</td><td>{{.NotAfter}}</td><td>{{.RenewsIn}}</td><td>{{if .IsDefault}}yes{{end}}</td></tr>
 {{end}}</table>
 <p><a href="/healthz?verbose">healthz</a> · <a href="/readyz?verbose">readyz</a> · <a href="/livez?verbose">livez</a> · <a href="/metrics">metrics</a></p>
 </body></html>
 `))
 
 type statusRow struct {
-	Provider, Role, Subject, Names, Serial, NotBefore, NotAfter, RenewsIn string
-	IsDefault                                                             bool
+	Provider, Role, Subject, KeyAlgorithm, Names, Serial, NotBefore, NotAfter, RenewsIn string
+	IsDefault                                                                           bool
 }
 
 // statusPage shows, per provider, the certificate the server currently
@@ -43,7 +44,7 @@ func statusPage(s *server.Serving, clk clock.PassiveClock) http.Handler {
 				renewsIn = r.RenewAt().Sub(now).Round(time.Second).String()
 			}
 			rows = append(rows, statusRow{
-				Provider: c.Provider, Role: c.Role, Subject: c.Subject, Names: strings.Join(c.Names, ", "),
+				Provider: c.Provider, Role: c.Role, Subject: c.Subject, KeyAlgorithm: c.KeyAlgorithm, Names: strings.Join(c.Names, ", "),
 				Serial: c.Serial, NotBefore: c.NotBefore.UTC().Format(time.RFC3339), NotAfter: c.NotAfter.UTC().Format(time.RFC3339),
 				RenewsIn: renewsIn, IsDefault: c.IsDefault,
 			})
@@ -61,6 +62,14 @@ func renewers(s *server.Serving) map[string]interface{ RenewAt() time.Time } {
 	add := func(name string, p any) {
 		if r, ok := p.(interface{ RenewAt() time.Time }); ok {
 			out[name] = r
+		}
+		// The leaves of further key types renew with their provider's.
+		if a, ok := p.(sni.AlternativesProvider); ok {
+			for _, alt := range a.Alternatives() {
+				if r, ok := alt.(interface{ RenewAt() time.Time }); ok {
+					out[alt.Name()] = r
+				}
+			}
 		}
 	}
 	if s.Serving != nil {
