@@ -21,7 +21,7 @@ import (
 // Serving is what Options build: the certificate providers, the sni
 // controller that serves them, and the trust bundle clients should use.
 // Serve runs it and serves HTTPS; an embedder with its own server (a
-// genericapiserver, say) calls Run instead and uses Controller.
+// genericapiserver, say) calls RunOnce and Run instead and uses Controller.
 type Serving struct {
 	opts *Options
 
@@ -39,8 +39,6 @@ type Serving struct {
 
 	runners    []dynamiccertificates.ControllerRunner
 	bundleFile *bundleFileWriter // nil without --ca-bundle-file
-	synced     chan struct{}
-	once       sync.Once
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -54,7 +52,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 	if errs := o.Validate(); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	s := &Serving{opts: o, SNI: append([]dynamiccertificates.SNICertKeyContentProvider(nil), extraSNI...), synced: make(chan struct{}), listening: make(chan struct{})}
+	s := &Serving{opts: o, SNI: append([]dynamiccertificates.SNICertKeyContentProvider(nil), extraSNI...), listening: make(chan struct{})}
 
 	switch {
 	case o.CertFile != "":
@@ -184,10 +182,12 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 	}, nil
 }
 
-// Run loads every source once, fails if nothing can be served, then keeps
-// the sources and the controller current until ctx is done. It returns nil
-// when ctx ends after a successful start.
-func (s *Serving) Run(ctx context.Context) error {
+// RunOnce loads every source once and builds the first snapshot. It fails
+// if nothing can be served, or if --ca-bundle-file cannot be written. A
+// source that fails alone (a file that does not exist yet) is logged and
+// retried by Run. Call it before Run when start-up must fail fast; Serve
+// does.
+func (s *Serving) RunOnce(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	for _, r := range s.runners {
 		if err := r.RunOnce(ctx); err != nil {
@@ -199,25 +199,38 @@ func (s *Serving) Run(ctx context.Context) error {
 	if err := s.Controller.RunOnce(ctx); err != nil {
 		return fmt.Errorf("no serving certificate: %w", err)
 	}
-	writer := s.bundleFile
-	if writer != nil {
-		if err := writer.write(logger); err != nil {
+	if s.bundleFile != nil {
+		if err := s.bundleFile.write(logger); err != nil {
 			return fmt.Errorf("--ca-bundle-file: %w", err)
 		}
+	}
+	return nil
+}
+
+// Run keeps the sources, the controller (with workers workers; 1 when
+// workers < 1) and --ca-bundle-file current until ctx is done, and returns
+// once every goroutine it started has stopped. Without a RunOnce first,
+// the loops load the sources themselves and HasSynced turns true once they
+// have.
+func (s *Serving) Run(ctx context.Context, workers int) {
+	if workers < 1 {
+		workers = 1
 	}
 	var wg sync.WaitGroup
 	for _, r := range s.runners {
 		wg.Go(func() { r.Run(ctx, 1) })
 	}
-	wg.Go(func() { s.Controller.Run(ctx, 1) })
-	if writer != nil {
-		wg.Go(func() { writer.run(ctx) })
+	wg.Go(func() { s.Controller.Run(ctx, workers) })
+	if s.bundleFile != nil {
+		wg.Go(func() { s.bundleFile.run(ctx) })
 	}
-	s.once.Do(func() { close(s.synced) })
 	wg.Wait()
-	return nil
 }
 
-// Synced is closed once Run has loaded a certificate and the server may
-// start listening.
-func (s *Serving) Synced() <-chan struct{} { return s.synced }
+// HasSynced reports whether a certificate is loaded and, with
+// --ca-bundle-file, the bundle file has been written once: the server may
+// listen. It is safe for concurrent use and has the shape of
+// cache.InformerSynced.
+func (s *Serving) HasSynced() bool {
+	return s.Controller.HasSynced() && (s.bundleFile == nil || s.bundleFile.hasWritten())
+}

@@ -56,6 +56,13 @@ var (
 	_ dynamiccertificates.Listener = &bundleFileWriter{}
 )
 
+// hasWritten reports whether the file has been written at least once.
+func (w *bundleFileWriter) hasWritten() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.written != nil
+}
+
 // Name implements dynamiccert.Observer.
 func (w *bundleFileWriter) Name() string { return "ca-bundle-file" }
 

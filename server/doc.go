@@ -16,6 +16,13 @@
 //	serving.InstallHandlers(mux)
 //	err = serving.Serve(ctx, mux)
 //
+// An embedder that runs its own server (a genericapiserver, say) calls
+// Serving.RunOnce, which fails fast, then Serving.Run(ctx, workers), and
+// serves Serving.Controller's configuration; Serving.HasSynced says when a
+// certificate is loaded. This is the lifecycle every evercert type has:
+// RunOnce where a synchronous first load makes sense, Run(ctx, workers)
+// until ctx is done, HasSynced for readiness.
+//
 // # Start-up errors
 //
 // Serve returns start-up errors at once instead of serving nothing: no

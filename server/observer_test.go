@@ -32,10 +32,10 @@ func TestBundleFileIsAnObserver(t *testing.T) {
 	require.NoError(t, err)
 	ss := s.TrustBundle.(*dynamiccert.SelfSigned)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	require.NoError(t, s.RunOnce(ctx))
+	done := make(chan struct{})
+	go func() { s.Run(ctx, 1); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	<-s.Synced()
 
 	step := func() {
 		clk.Step(time.Minute)

@@ -13,14 +13,14 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Serve runs s (see Run) and serves handler over HTTPS until ctx is done
-// or serving fails. It opens no listener before the first certificate is
-// loaded.
+// Serve loads s (RunOnce), keeps it current (Run) and serves handler over
+// HTTPS until ctx is done or serving fails. It opens no listener before the
+// first certificate is loaded.
 //
 // When ctx ends it stops accepting connections, gives in-flight requests up
 // to Options.ShutdownTimeout to finish, closes what is left, and returns nil
 // after a clean shutdown. When start-up fails it returns at once: the error
-// of Run (no certificate, an unwritable --ca-bundle-file), of the listen
+// of RunOnce (no certificate, an unwritable --ca-bundle-file), of the listen
 // ("listening on HOST:PORT: ..."), or of http.Server.ServeTLS ("serving on
 // HOST:PORT: ..."). In every case the goroutines Serve started, Run's
 // included, have stopped when it returns, and Listening is never closed if
@@ -33,15 +33,10 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	runErr := make(chan error, 1)
-	wg.Go(func() { runErr <- s.Run(ctx) })
-	select {
-	case <-s.Synced():
-	case err := <-runErr:
+	if err := s.RunOnce(ctx); err != nil {
 		return err
-	case <-ctx.Done():
-		return nil
 	}
+	wg.Go(func() { s.Run(ctx, 1) })
 
 	addr := net.JoinHostPort(s.opts.BindAddress.String(), strconv.Itoa(s.opts.SecurePort))
 	ln, err := net.Listen("tcp", addr)

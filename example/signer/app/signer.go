@@ -128,13 +128,8 @@ func (s *Signer) Run(ctx context.Context) error {
 	wg.Go(func() {
 		// Ready once the requests are listed and the CA is loaded (the
 		// server has its first certificate, signed by it).
-		if !cache.WaitForCacheSync(ctx.Done(), s.signer.HasSynced) {
+		if !cache.WaitForCacheSync(ctx.Done(), s.signer.HasSynced, s.serving.HasSynced) {
 			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.serving.Synced():
 		}
 		klog.InfoS("PodCertificateRequest signer ready", "signer", s.opts.SignerName, "caSecret", s.opts.CASecret)
 		close(s.ready)
