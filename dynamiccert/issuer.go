@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -45,7 +47,8 @@ type issuer struct {
 	mu       sync.RWMutex
 	cas      caSet // the state in force, as last read or written
 	leaf     *pki.Issued
-	leafCA   []byte // raw certificate of the CA that signed leaf
+	leafPair *pki.KeyPair // leaf, ready to serve
+	leafCA   []byte       // raw certificate of the CA that signed leaf
 	bundle   []byte
 	pool     *x509.CertPool
 	unsafe   int
@@ -78,7 +81,7 @@ type caStore interface {
 }
 
 func newIssuer(cfg issuerConfig, sched rotation, store caStore, observers []Observer) *issuer {
-	i := &issuer{cfg: cfg, sched: sched, store: store, report: &reporter{name: cfg.name}, kick: make(chan struct{}, 1)}
+	i := &issuer{cfg: cfg, sched: sched, store: store, report: newReporter(cfg.name, cfg.recorder, cfg.eventObject), kick: make(chan struct{}, 1)}
 	for _, h := range cfg.hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			i.cfg.ips = append(i.cfg.ips, ip)
@@ -257,12 +260,8 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 			i.mu.Unlock()
 			return err
 		}
-		rotated := i.leaf != nil
-		i.leaf, i.leafCA, changed = issued, st.signing.Cert.Raw, true
-		certmetrics.CertificateLoaded(i.cfg.name, serial(issued.Cert), issued.Cert.NotAfter)
-		klog.InfoS("Issued serving certificate", "provider", i.cfg.name, "subject", issued.Cert.Subject.CommonName,
-			"serial", serial(issued.Cert), "notAfter", issued.Cert.NotAfter.UTC(), "ca", st.signing.Cert.Subject.CommonName,
-			"caSerial", serial(st.signing.Cert), "rotated", rotated)
+		i.leaf, i.leafPair, i.leafCA, changed = issued, issued.KeyPair(), st.signing.Cert.Raw, true
+		i.report.Loaded(issued.Cert, "caSerial", serial(st.signing.Cert))
 	}
 	leafSerial := serial(i.leaf.Cert)
 	i.mu.Unlock()
@@ -316,9 +315,7 @@ func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
 	msg := fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it; clients must refresh their trust bundle",
 		now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
 	klog.ErrorS(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
-	if i.cfg.recorder != nil && i.cfg.eventObject != nil {
-		i.cfg.recorder.Eventf(i.cfg.eventObject, nil, corev1.EventTypeWarning, "UnsafeCARotation", "Rotate", "%s", msg)
-	}
+	i.report.Event(corev1.EventTypeWarning, ReasonUnsafeCARotation, certreport.ActionRotate, msg)
 }
 
 func (i *issuer) nextDeadline() time.Time {
@@ -332,6 +329,17 @@ func (i *issuer) nextDeadline() time.Time {
 		next = earliest(next, now.Add(i.cfg.checkInterval))
 	}
 	return next
+}
+
+// currentParsedCertKey returns the leaf PEM and the leaf ready to serve, or
+// nil, nil, nil before the first one.
+func (i *issuer) currentParsedCertKey() ([]byte, []byte, *tls.Certificate) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.leaf == nil {
+		return nil, nil, nil
+	}
+	return i.leaf.CertPEM, i.leaf.KeyPEM, &i.leafPair.TLS
 }
 
 // currentCertKey returns the leaf PEM, or nil, nil before the first one.

@@ -1,6 +1,7 @@
 package dynamiccert
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 
@@ -33,6 +34,9 @@ func NewStaticCertKey(name string, certPEM, keyPEM []byte, sniNames ...string) (
 	if err != nil {
 		return nil, fmt.Errorf("loading static certificate %q: %w", name, err)
 	}
+	// The provider parsed it, so it reports it: the sni controller serving
+	// it does not.
+	newReporter(name, nil, nil).Loaded(pair.Leaf, "source", "static")
 	return &StaticCertKey{
 		name:     name,
 		certPEM:  cloneBytes(certPEM),
@@ -51,6 +55,13 @@ func (s *StaticCertKey) CurrentCertKeyContent() ([]byte, []byte) { return s.cert
 
 // SNINames returns the explicit SNI names, or nil.
 func (s *StaticCertKey) SNINames() []string { return s.sniNames }
+
+// CurrentParsedCertKeyContent returns the certificate and key PEM together
+// with the certificate parsed from them. The sni controller serves it as is,
+// without parsing the PEM again. None of it may be modified.
+func (s *StaticCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return s.certPEM, s.keyPEM, &s.pair.TLS
+}
 
 // Current returns the parsed key pair.
 func (s *StaticCertKey) Current() *pki.KeyPair { return s.pair }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/internal/certreport"
 )
 
 // ErrNotReady is returned by GetConfigForClient, and so fails the
@@ -111,18 +113,18 @@ func NewDynamicServingCertificateController(
 	}
 
 	if clientCA != nil {
-		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name()}
+		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name(), report: certreport.New(clientCA.Name(), o.eventRecorder, o.eventObject)}
 		clientCA.AddListener(c)
 	}
 	if serving != nil {
-		c.serving = &certSlot{provider: serving, role: RoleServing, name: serving.Name()}
+		c.serving = newCertSlot(o, serving, nil, RoleServing)
 		serving.AddListener(c)
 	}
 	for _, p := range sniCerts {
 		if p == nil {
 			continue
 		}
-		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name(), nameOnly: isNameOnly(p)})
+		c.sniSlots = append(c.sniSlots, newCertSlot(o, p, p, RoleSNI))
 		p.AddListener(c)
 	}
 	return c
