@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -328,7 +329,8 @@ func TestAuthorityRunConflictRereads(t *testing.T) {
 // per clock step, count the failure once, and keep serving the old leaf.
 func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 	clk := clocktesting.NewFakeClock(testNow)
-	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk})
+	rec := verboseRecorder()
+	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk, EventRecorder: rec, EventObject: testPod})
 	require.NoError(t, err)
 	serving := s.Leaf()
 	s.sched.keyType = "broken" // before Run: no race
@@ -344,6 +346,9 @@ func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 
 	n := int(attempts.n.Load())
 	assert.EqualValues(t, 1, certmetricstest.LoadErrors(t, s.Name())-before, "%d attempts of one failure are one load error", n)
+	got := drainEvents(rec)
+	require.Len(t, got, 1, "one Event for one failure: %q", got)
+	assert.True(t, strings.HasPrefix(got[0], "Warning "+ReasonCertificateLoadFailed+" Load provider selfsigned-run-backoff: "), got[0])
 	assert.LessOrEqual(t, n, attemptsWithin(window, time.Second, 1), "attempts in %v of 1s steps: more than the backoff allows", window)
 	assert.GreaterOrEqual(t, n, attemptsWithin(window, time.Second, 1+backoff.Jitter))
 	assert.ErrorContains(t, s.LastError(), `unknown key type "broken"`)
