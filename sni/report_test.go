@@ -116,11 +116,13 @@ func TestEachChangeIsParsedLoggedAndCountedOnce(t *testing.T) {
 	}
 
 	for range 2 {
-		// The self-signed leaf is due: its Run loop renews it at the
+		// The self-signed leaf is due: its Run loop, waiting on its timer
+		// (next to the file provider's resync ticker), renews it at the
 		// deadline on its clock.
+		old := self.Leaf()
+		require.Eventually(t, func() bool { return clk.Waiters() >= 2 }, 10*time.Second, time.Millisecond, "the loops wait on the clock")
 		clk.SetTime(self.RenewAt())
-		require.Eventually(t, func() bool { return self.Leaf().SerialNumber.Text(16) != servedSerials[self.Name()][len(servedSerials[self.Name()])-1] },
-			10*time.Second, 5*time.Millisecond, "the self-signed leaf renewed")
+		require.Eventually(t, func() bool { return !self.Leaf().Equal(old) }, 10*time.Second, 5*time.Millisecond, "the self-signed leaf renewed")
 		served("self.test", self.Leaf().SerialNumber.Text(16))
 		servedSerials[self.Name()] = append(servedSerials[self.Name()], serial("self.test"))
 
@@ -184,6 +186,7 @@ func TestControllerEventsForWhatItParses(t *testing.T) {
 	next := leaf()
 	foreign.SetIssued(next)
 	waitFor(t, swapped, "the swap to the new foreign certificate")
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "the self-signed loop waits on the clock")
 	clk.SetTime(self.RenewAt()) // the self-signed provider rotates: its Event, not the controller's
 	waitFor(t, swapped, "the swap to the new self-signed certificate")
 
