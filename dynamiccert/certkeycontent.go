@@ -12,6 +12,11 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
+// zeroTime asks pki.ParseCertKey to skip the validity-date checks, for
+// pairs whose dates whoever uses them checks on its own clock (static
+// content, a CA read from a Secret).
+var zeroTime time.Time
+
 // certKeyContent is a certificate and key a provider serves: the PEM it hands
 // out and the pair parsed from it, which the sni controller serves as is
 // (CurrentParsedCertKeyContent) instead of parsing the PEM again. It is

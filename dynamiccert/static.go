@@ -1,6 +1,7 @@
 package dynamiccert
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -39,8 +40,8 @@ func NewStaticCertKey(name string, certPEM, keyPEM []byte, sniNames ...string) (
 	newReporter(name, nil, nil).Loaded(pair.Leaf, "source", "static")
 	return &StaticCertKey{
 		name:     name,
-		certPEM:  cloneBytes(certPEM),
-		keyPEM:   cloneBytes(keyPEM),
+		certPEM:  bytes.Clone(certPEM),
+		keyPEM:   bytes.Clone(keyPEM),
 		sniNames: append([]string(nil), sniNames...),
 		pair:     pair,
 	}, nil
@@ -85,7 +86,7 @@ func NewStaticCA(name string, bundle []byte) (*StaticCA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading static CA bundle %q: %w", name, err)
 	}
-	return &StaticCA{name: name, bundle: cloneBytes(bundle), opts: clientVerifyOptions(pool)}, nil
+	return &StaticCA{name: name, bundle: bytes.Clone(bundle), opts: clientVerifyOptions(pool)}, nil
 }
 
 // Name returns the provider name given to NewStaticCA.
