@@ -190,9 +190,6 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("authority %s/%s: %w", cfg.Namespace, cfg.SecretName, err)
 	}
-	if cfg.EventObject == nil {
-		cfg.EventObject = &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
-	}
 	src, err := newSecretSource(SecretConfig{
 		Name: cfg.Name, Namespace: cfg.Namespace, SecretName: cfg.SecretName,
 		Client: cfg.Client, Clock: cfg.Clock, EventRecorder: cfg.EventRecorder, EventObject: cfg.EventObject,
@@ -200,6 +197,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	store := &secretStore{cfg: &cfg, src: src}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
