@@ -7,32 +7,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 )
-
-// testPod is the object tests' Events are about.
-var testPod = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "ns", Name: "evercert-0"}
-
-// verboseRecorder records Events with their action and the kind of the
-// object they are about.
-func verboseRecorder() *events.FakeRecorder {
-	r := events.NewFakeRecorder(100)
-	r.Verbose = true
-	return r
-}
-
-func drainEvents(r *events.FakeRecorder) []string {
-	var out []string
-	for len(r.Events) > 0 {
-		out = append(out, <-r.Events)
-	}
-	return out
-}
 
 // TestIssuerRotationEvents: the self-signed and Authority Run loops send a
 // Normal CertificateRotated Event for each renewed leaf (not for the first
@@ -40,8 +21,8 @@ func drainEvents(r *events.FakeRecorder) []string {
 // CA Secret.
 func TestIssuerRotationEvents(t *testing.T) {
 	clk := clocktesting.NewFakeClock(testNow)
-	selfRec, authRec := verboseRecorder(), verboseRecorder()
-	s, err := NewSelfSigned(SelfSignedConfig{Name: "events-self-signed", Lifetime: time.Hour, Clock: clk, EventRecorder: selfRec, EventObject: testPod})
+	selfRec, authRec := certreporttest.NewRecorder(), certreporttest.NewRecorder()
+	s, err := NewSelfSigned(SelfSignedConfig{Name: "events-self-signed", Lifetime: time.Hour, Clock: clk, EventRecorder: selfRec, EventObject: certreporttest.Pod})
 	require.NoError(t, err)
 	client := fake.NewClientset()
 	quietWatch(client)
@@ -53,8 +34,8 @@ func TestIssuerRotationEvents(t *testing.T) {
 	runInBackground(t, s.Run)
 	runInBackground(t, a.Run)
 	waitFor(t, "the Authority's first leaf", func() bool { return a.Leaf() != nil })
-	assert.Empty(t, drainEvents(selfRec), "the first leaf is not a rotation")
-	assert.Empty(t, drainEvents(authRec), "the first leaf is not a rotation")
+	assert.Empty(t, certreporttest.Drain(selfRec), "the first leaf is not a rotation")
+	assert.Empty(t, certreporttest.Drain(authRec), "the first leaf is not a rotation")
 
 	oldSelf, oldAuth := s.Leaf(), a.Leaf()
 	selfBefore, authBefore := certmetricstest.Rotations(t, s.Name()), certmetricstest.Rotations(t, a.Name())
@@ -76,7 +57,7 @@ func TestIssuerRotationEvents(t *testing.T) {
 		{selfRec, certmetricstest.Rotations(t, s.Name()) - selfBefore, serial(s.Leaf()), "{kind=Pod,apiVersion=v1}"},
 		{authRec, certmetricstest.Rotations(t, a.Name()) - authBefore, serial(a.Leaf()), "{kind=Secret,apiVersion=v1}"},
 	} {
-		got := drainEvents(tc.rec)
+		got := certreporttest.Drain(tc.rec)
 		require.NotEmpty(t, got)
 		assert.Len(t, got, int(tc.rotations), "one Event per rotation: %q", got)
 		for _, e := range got {

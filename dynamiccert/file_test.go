@@ -27,12 +27,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -764,9 +764,9 @@ func TestFileCertKeyReportsEachDistinctFailureOnce(t *testing.T) {
 	writeAtomic(t, certPath, good.CertPEM)
 	writeAtomic(t, keyPath, good.KeyPEM)
 	fake := clocktesting.NewFakeClock(time.Now())
-	recorder := events.NewFakeRecorder(100)
+	recorder := certreporttest.NewRecorder()
 	p := newTestFileCertKey(t, certPath, keyPath, func(c *FileCertKeyConfig) {
-		c.Clock, c.EventRecorder, c.EventObject = fake, recorder, testPod
+		c.Clock, c.EventRecorder, c.EventObject = fake, recorder, certreporttest.Pod
 	})
 	syncs := startRunCounting(t, p.src, p.Run)
 	require.Eventually(t, fake.HasWaiters, fileWait, fileTick)
@@ -844,13 +844,12 @@ func TestFileCertKeyReportsEachDistinctFailureOnce(t *testing.T) {
 	// One Warning Event per counted failure, one Normal Event for the
 	// rotation; nothing else.
 	var warnings, rotations int
-	for len(recorder.Events) > 0 {
-		e := <-recorder.Events
+	for _, e := range certreporttest.Drain(recorder) {
 		switch {
-		case strings.HasPrefix(e, "Warning "+ReasonCertificateLoadFailed+" "):
+		case strings.HasPrefix(e, "Warning "+ReasonCertificateLoadFailed+" Load "):
 			warnings++
 			assert.Contains(t, e, p.Name(), "the Event names the provider")
-		case strings.HasPrefix(e, "Normal "+ReasonCertificateRotated+" "):
+		case strings.HasPrefix(e, "Normal "+ReasonCertificateRotated+" Rotate "):
 			rotations++
 			assert.Contains(t, e, other.Cert.SerialNumber.Text(16))
 		default:

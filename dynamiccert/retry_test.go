@@ -21,6 +21,7 @@ import (
 
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 	"github.com/evercert/evercert/internal/klogtest"
 )
 
@@ -329,8 +330,8 @@ func TestAuthorityRunConflictRereads(t *testing.T) {
 // per clock step, count the failure once, and keep serving the old leaf.
 func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 	clk := clocktesting.NewFakeClock(testNow)
-	rec := verboseRecorder()
-	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk, EventRecorder: rec, EventObject: testPod})
+	rec := certreporttest.NewRecorder()
+	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk, EventRecorder: rec, EventObject: certreporttest.Pod})
 	require.NoError(t, err)
 	serving := s.Leaf()
 	s.sched.keyType = "broken" // before Run: no race
@@ -346,7 +347,7 @@ func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 
 	n := int(attempts.n.Load())
 	assert.EqualValues(t, 1, certmetricstest.LoadErrors(t, s.Name())-before, "%d attempts of one failure are one load error", n)
-	got := drainEvents(rec)
+	got := certreporttest.Drain(rec)
 	require.Len(t, got, 1, "one Event for one failure: %q", got)
 	assert.True(t, strings.HasPrefix(got[0], "Warning "+ReasonCertificateLoadFailed+" Load provider selfsigned-run-backoff: "), got[0])
 	assert.LessOrEqual(t, n, attemptsWithin(window, time.Second, 1), "attempts in %v of 1s steps: more than the backoff allows", window)

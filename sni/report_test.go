@@ -10,13 +10,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
-	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/loopback"
@@ -31,21 +30,6 @@ var (
 	_ ParsedCertKeyProvider = &dynamiccert.Authority{}
 	_ ParsedCertKeyProvider = &loopback.Certificate{}
 )
-
-// runProvider runs a provider's Run loop until the test ends.
-func runProvider(t *testing.T, r dynamiccertificates.ControllerRunner) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.Run(ctx, 1)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-}
 
 // TestEachChangeIsParsedLoggedAndCountedOnce serves a self-signed provider,
 // a file provider (both evercert's) and a provider from outside evercert
@@ -93,8 +77,8 @@ func TestEachChangeIsParsedLoggedAndCountedOnce(t *testing.T) {
 	parses := countParses(c)
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
-	runProvider(t, self)
-	runProvider(t, file)
+	runController(t, self)
+	runController(t, file)
 	runController(t, c)
 	waitFor(t, swapped, "the first snapshot")
 	srv := startServer(t, c.TLSConfig())
@@ -173,13 +157,12 @@ func TestControllerEventsForWhatItParses(t *testing.T) {
 	foreign := newMutable(t.Name()+"/foreign", leaf())
 	self, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: t.Name() + "/self-signed", Lifetime: time.Hour, Clock: clk})
 	require.NoError(t, err)
-	recorder := events.NewFakeRecorder(100)
-	pod := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "ns", Name: "server-0"}
+	recorder := certreporttest.NewRecorder()
 	c := NewDynamicServingCertificateController(nil, nil, self,
-		[]dynamiccertificates.SNICertKeyContentProvider{foreign}, WithClock(clk), WithEventRecorder(recorder, pod))
+		[]dynamiccertificates.SNICertKeyContentProvider{foreign}, WithClock(clk), WithEventRecorder(recorder, certreporttest.Pod))
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
-	runProvider(t, self)
+	runController(t, self)
 	runController(t, c)
 	waitFor(t, swapped, "the first snapshot")
 
@@ -198,15 +181,12 @@ func TestControllerEventsForWhatItParses(t *testing.T) {
 	require.Eventually(t, func() bool { return len(recorder.Events) >= 3 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, c.RunOnce(context.Background())) // and again: no further Event
 
-	var got []string
-	for len(recorder.Events) > 0 {
-		got = append(got, <-recorder.Events)
-	}
+	got := certreporttest.Drain(recorder)
 	require.Len(t, got, 3, "%q", got)
-	assert.True(t, strings.HasPrefix(got[0], "Normal CertificateRotated "), got[0])
+	assert.True(t, strings.HasPrefix(got[0], "Normal CertificateRotated Rotate "), got[0])
 	assert.Contains(t, got[0], next.Cert.SerialNumber.Text(16))
 	for _, e := range got[1:] {
-		assert.True(t, strings.HasPrefix(e, "Warning CertificateLoadFailed "), e)
+		assert.True(t, strings.HasPrefix(e, "Warning CertificateLoadFailed Load "), e)
 		assert.Contains(t, e, foreign.Name())
 		assert.NotContains(t, e, "BEGIN")
 	}

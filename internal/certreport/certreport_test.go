@@ -14,19 +14,10 @@ import (
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/certreport"
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
 )
-
-var pod = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: "ns", Name: "server-0"}
-
-func drain(r *events.FakeRecorder) []string {
-	var out []string
-	for len(r.Events) > 0 {
-		out = append(out, <-r.Events)
-	}
-	return out
-}
 
 // TestFailedCountsDistinctFailures: a failure is counted, logged and sent
 // once; repeating it (same message, same content) changes nothing but
@@ -34,8 +25,8 @@ func drain(r *events.FakeRecorder) []string {
 // or the same failure after a success is another failure.
 func TestFailedCountsDistinctFailures(t *testing.T) {
 	logs := klogtest.Capture(t)
-	rec := events.NewFakeRecorder(10)
-	r := certreport.New(t.Name(), rec, pod)
+	rec := certreporttest.NewRecorder()
+	r := certreport.New(t.Name(), rec, certreporttest.Pod)
 	before := certmetricstest.LoadErrors(t, t.Name())
 	errs := func() float64 { return certmetricstest.LoadErrors(t, t.Name()) - before }
 	bad := errors.New("file a.crt: malformed PEM")
@@ -59,10 +50,10 @@ func TestFailedCountsDistinctFailures(t *testing.T) {
 	assert.Equal(t, 5.0, errs())
 
 	assert.Equal(t, 5, logs.Count("level=ERROR", "Rejected new content", "provider="+t.Name()))
-	got := drain(rec)
+	got := certreporttest.Drain(rec)
 	require.Len(t, got, 5)
 	for _, e := range got {
-		assert.True(t, strings.HasPrefix(e, "Warning CertificateLoadFailed provider "+t.Name()+": "), e)
+		assert.True(t, strings.HasPrefix(e, "Warning CertificateLoadFailed Load provider "+t.Name()+": "), e)
 	}
 }
 
@@ -80,8 +71,8 @@ func TestWithContentKeepsTheError(t *testing.T) {
 // says which certificate without any key material.
 func TestLoadedReportsEachChange(t *testing.T) {
 	logs := klogtest.Capture(t)
-	rec := events.NewFakeRecorder(10)
-	r := certreport.New(t.Name(), rec, pod)
+	rec := certreporttest.NewRecorder()
+	r := certreport.New(t.Name(), rec, certreporttest.Pod)
 	before := certmetricstest.Rotations(t, t.Name())
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	ca, err := pki.NewCA(pki.Request{CommonName: "test-ca@1", Now: now, Lifetime: 24 * time.Hour})
@@ -95,14 +86,14 @@ func TestLoadedReportsEachChange(t *testing.T) {
 	first, second := leaf(), leaf()
 	r.Loaded(first.Cert, "source", "test")
 	assert.Equal(t, before, certmetricstest.Rotations(t, t.Name()))
-	assert.Empty(t, drain(rec), "the first certificate is not a rotation")
+	assert.Empty(t, certreporttest.Drain(rec), "the first certificate is not a rotation")
 	r.Loaded(second.Cert, "source", "test")
 	assert.Equal(t, before+1, certmetricstest.Rotations(t, t.Name()))
 	assert.Equal(t, float64(second.Cert.NotAfter.Unix()),
 		certmetricstest.Value(t, "evercert_certificate_expiration_timestamp_seconds", map[string]string{"provider": t.Name()}))
-	got := drain(rec)
+	got := certreporttest.Drain(rec)
 	require.Len(t, got, 1)
-	assert.Equal(t, fmt.Sprintf(`Normal CertificateRotated provider %s serves a new certificate: subject "svc.test", serial %s, issuer "test-ca@1", valid until 2030-01-01T01:00:00Z`,
+	assert.Equal(t, fmt.Sprintf(`Normal CertificateRotated Rotate provider %s serves a new certificate: subject "svc.test", serial %s, issuer "test-ca@1", valid until 2030-01-01T01:00:00Z {kind=Pod,apiVersion=v1}`,
 		t.Name(), second.Cert.SerialNumber.Text(16)), got[0])
 
 	lines := logs.Lines(`msg="Loaded certificate"`)
@@ -116,7 +107,7 @@ func TestLoadedReportsEachChange(t *testing.T) {
 // dropped.
 func TestEventNoteIsCut(t *testing.T) {
 	rec := events.NewFakeRecorder(1)
-	r := certreport.New("p", rec, pod)
+	r := certreport.New("p", rec, certreporttest.Pod)
 	r.Event(corev1.EventTypeWarning, certreport.ReasonCertificateLoadFailed, certreport.ActionLoad, strings.Repeat("x", 5000))
 	e := <-rec.Events
 	note := strings.TrimPrefix(e, "Warning CertificateLoadFailed ")
