@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/klogtest"
 )
 
 func forbidLeaseDeletes(client *fake.Clientset) {
@@ -82,7 +84,7 @@ func TestAttackRestartsDoNotAccumulateLeases(t *testing.T) {
 // far longer than ten lease durations; and where RBAC forbids deleting
 // Leases it says so once and leaves them, without touching rotation.
 func TestAttackLeaseCollectionSparesTheLiving(t *testing.T) {
-	logs := captureLogs(t)
+	logs := klogtest.Capture(t)
 	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(testNow)
 	a, err := NewAuthority(AuthorityConfig{
@@ -119,7 +121,7 @@ func TestAttackLeaseCollectionSparesTheLiving(t *testing.T) {
 		waitWaiters(t, clk, 2)
 	}
 	assert.Equal(t, 3, countLeases(t, client))
-	assert.Equal(t, 1, logs.count("Cannot delete the Leases of replicas that are gone"))
+	assert.Equal(t, 1, logs.Count("Cannot delete the Leases of replicas that are gone"))
 	assert.NoError(t, a.LastError())
 	assert.NotNil(t, a.Leaf())
 }

@@ -8,13 +8,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/klogtest"
 )
 
 // TestAttackLogsPerStepAreBounded: two replicas with Leases run through
 // three CA lifetimes in five-minute steps. What they log must grow with the
 // rotations, not with the steps: no line that repeats at every check.
 func TestAttackLogsPerStepAreBounded(t *testing.T) {
-	logs := captureLogs(t)
+	logs := klogtest.Capture(t)
 	client := fake.NewClientset()
 	optimistic(client)
 	clk := clocktesting.NewFakeClock(testNow)
@@ -37,11 +39,11 @@ func TestAttackLogsPerStepAreBounded(t *testing.T) {
 		cas[a.Status().Signing.Serial] = true
 	}
 	require.GreaterOrEqual(t, len(cas), 3)
-	lines := logs.count("")
+	lines := logs.Count("")
 	t.Logf("%d log lines for %d CAs in %d steps", lines, len(cas), steps)
 	// Per replica and CA: created or published, promoted, leaves issued
 	// (a leaf lives an hour: 8 per CA lifetime, 12 with capped ones).
 	assert.LessOrEqual(t, lines, 2*len(cas)*16, "log lines in %d steps", steps)
-	assert.Zero(t, logs.count("level=ERROR"))
+	assert.Zero(t, logs.Count("level=ERROR"))
 	assert.Zero(t, a.Status().UnsafeRotations+b.Status().UnsafeRotations)
 }

@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"context"
 	"crypto"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
@@ -99,9 +101,15 @@ type AuthorityConfig struct {
 	// DisableReplicaAnnouncements turns the replica Leases off: a successor
 	// then waits only for the local Observers and PropagationDelay.
 	DisableReplicaAnnouncements bool
-	// EventRecorder, when set, receives a Warning Event about the CA Secret
-	// on an unsafe rotation.
+	// EventRecorder receives, about EventObject, a Normal
+	// CertificateRotated Event for every new leaf of this replica, a Warning
+	// CertificateLoadFailed Event for every distinct failure to read or
+	// write the CA state, and a Warning UnsafeCARotation Event on an unsafe
+	// rotation. Optional.
 	EventRecorder events.EventRecorder
+	// EventObject is the object the Events are about, e.g. this replica's
+	// Pod. Default the CA Secret.
+	EventObject runtime.Object
 	// Clock drives rotation and validity. Default clock.RealClock{}.
 	Clock clock.WithTicker
 }
@@ -191,17 +199,17 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}
 	src, err := newSecretSource(SecretConfig{
 		Name: cfg.Name, Namespace: cfg.Namespace, SecretName: cfg.SecretName,
-		Client: cfg.Client, Clock: cfg.Clock,
+		Client: cfg.Client, Clock: cfg.Clock, EventRecorder: cfg.EventRecorder, EventObject: cfg.EventObject,
 	})
 	if err != nil {
 		return nil, err
 	}
+	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	store := &secretStore{cfg: &cfg, src: src}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
-		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder,
-		eventObject: &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName},
+		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
 	}, rotation{
 		name: cfg.Name, caKeyType: caKeyType(cfg.KeyTypes).pki(),
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
@@ -246,6 +254,13 @@ func (a *Authority) Status() RotationStatus { return a.currentStatus() }
 // CurrentCertKeyContent returns this replica's leaf, or nil, nil before the
 // CA is known.
 func (a *Authority) CurrentCertKeyContent() ([]byte, []byte) { return a.currentCertKey() }
+
+// CurrentParsedCertKeyContent returns what CurrentCertKeyContent returns
+// together with the leaf ready to serve, or nil, nil, nil before the CA is
+// known. The sni controller serves it as is, without parsing the PEM.
+func (a *Authority) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return a.currentParsedCertKey()
+}
 
 // CurrentCABundleContent returns ca.crt as last read from the Secret: every
 // CA that is still valid, including a successor that does not sign yet.

@@ -10,9 +10,29 @@
 // upstream providers as well.
 //
 // A provider only ever exposes content that parsed and validated: when new
-// content is bad it reports an error naming the source, counts it in
-// evercert_certificate_load_errors_total, and keeps exposing the last good
-// content. Listeners are notified only when the content really changed.
+// content is bad it reports an error naming the source and keeps exposing
+// the last good content. Listeners are notified only when the content really
+// changed.
+//
+// A provider parses its content once, and it alone reports it: evercert's
+// sni controller serves the parsed certificate (CurrentParsedCertKeyContent)
+// and reports nothing for it. Each change of certificate is one Info line at
+// the default verbosity (provider, subject, serial, NotAfter, issuer; never
+// key material), one update of evercert_certificate_expiration_timestamp_seconds,
+// one increment of evercert_certificate_rotations_total (not for the first
+// certificate) and, with an EventRecorder, one CertificateRotated Event.
+// Each distinct load failure is counted once in
+// evercert_certificate_load_errors_total, logged once and sent as one
+// CertificateLoadFailed Event: retrying the same content with the same error
+// (every file event, every resync, every backoff retry of an API error) is
+// one failure; a different error, different content, or the same failure
+// after a success is another.
+//
+// Every config takes the same optional Event sink, EventRecorder
+// (k8s.io/client-go/tools/events) and EventObject, the object the Events
+// are about; see ReasonCertificateRotated for the reasons. CAs that
+// providers make are named "<Name>-ca@<unix seconds>", as upstream names
+// its self-signed CAs, so that logs, Status and x509 errors say which CA.
 //
 // The issuers (SelfSigned, Authority) can make one leaf per KeyType for the
 // same names (KeyTypes, e.g. ECDSAP256 and RSA2048), signed by one CA and
@@ -76,7 +96,7 @@ package dynamiccert
 // that did not refresh their trust fail until they do. It is counted in
 // Status().UnsafeRotations and
 // evercert_unsafe_rotations_total{provider}, logged at error level, and sent
-// as a Warning Event (reason UnsafeCARotation) when an EventRecorder is
+// as a Warning Event (ReasonUnsafeCARotation) when an EventRecorder is
 // configured.
 //
 // Clock skew: replicas and clients may disagree by up to SkewTolerance

@@ -2,13 +2,16 @@ package dynamiccert
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/internal/pki"
@@ -38,6 +41,12 @@ type FileCertKeyConfig struct {
 	// Clock drives the resync ticker and the validity check (NotBefore,
 	// NotAfter) of loaded certificates. Default clock.RealClock{}.
 	Clock clock.WithTicker
+	// EventRecorder, with EventObject (the object the Events are about,
+	// e.g. the Pod), receives a Normal CertificateRotated Event for every
+	// new certificate and a Warning CertificateLoadFailed Event for every
+	// distinct load failure. Optional: no Events without both.
+	EventRecorder events.EventRecorder
+	EventObject   runtime.Object
 }
 
 // FileCertKey serves a certificate and key read from two files, and reloads
@@ -87,11 +96,6 @@ type FileCertKey struct {
 	cur atomic.Pointer[certKeyContent]
 }
 
-type certKeyContent struct {
-	cert, key []byte
-	pair      *pki.KeyPair
-}
-
 var (
 	_ dynamiccertificates.CertKeyContentProvider    = &FileCertKey{}
 	_ dynamiccertificates.SNICertKeyContentProvider = &FileCertKey{}
@@ -112,7 +116,7 @@ func NewFileCertKey(cfg FileCertKeyConfig) (*FileCertKey, error) {
 	if name == "" {
 		name = "file:" + cfg.CertFile
 	}
-	src, err := newFileSource(name, cfg.ResyncInterval, cfg.Clock, cfg.CertFile, cfg.KeyFile)
+	src, err := newFileSource(name, newReporter(name, cfg.EventRecorder, cfg.EventObject), cfg.ResyncInterval, cfg.Clock, cfg.CertFile, cfg.KeyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +151,15 @@ func (p *FileCertKey) CurrentCertKeyContent() ([]byte, []byte) {
 // SNINames returns the explicit SNI names from the config, or nil when the
 // names are to be taken from the certificate.
 func (p *FileCertKey) SNINames() []string { return p.sniNames }
+
+// CurrentParsedCertKeyContent returns what CurrentCertKeyContent returns
+// together with the certificate parsed from it (Leaf set), or nil, nil, nil
+// before the first successful load. The sni controller serves that
+// certificate as is, instead of parsing the PEM again. None of it may be
+// modified.
+func (p *FileCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return p.cur.Load().parsed()
+}
 
 // Current returns the parsed pair last loaded successfully, or nil before
 // the first successful load. It must not be modified.

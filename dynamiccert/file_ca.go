@@ -6,15 +6,16 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -31,6 +32,11 @@ type FileCAConfig struct {
 	ResyncInterval time.Duration
 	// Clock drives the resync ticker. Default clock.RealClock{}.
 	Clock clock.WithTicker
+	// EventRecorder, with EventObject (the object the Events are about,
+	// e.g. the Pod), receives a Warning CertificateLoadFailed Event for
+	// every distinct load failure. Optional: no Events without both.
+	EventRecorder events.EventRecorder
+	EventObject   runtime.Object
 }
 
 // FileCA serves a CA bundle read from a file and reloads it on change, in
@@ -50,12 +56,6 @@ type FileCA struct {
 	cur atomic.Pointer[caContent]
 }
 
-type caContent struct {
-	bundle []byte
-	certs  []*x509.Certificate
-	opts   x509.VerifyOptions
-}
-
 var (
 	_ dynamiccertificates.CAContentProvider = &FileCA{}
 	_ dynamiccertificates.Notifier          = &FileCA{}
@@ -72,7 +72,7 @@ func NewFileCA(cfg FileCAConfig) (*FileCA, error) {
 	if name == "" {
 		name = "file:" + cfg.File
 	}
-	src, err := newFileSource(name, cfg.ResyncInterval, cfg.Clock, cfg.File)
+	src, err := newFileSource(name, newReporter(name, cfg.EventRecorder, cfg.EventObject), cfg.ResyncInterval, cfg.Clock, cfg.File)
 	if err != nil {
 		return nil, err
 	}
@@ -152,52 +152,19 @@ func (p *FileCA) tryLoad() error {
 	}
 	pool, certs, err := pki.NewPool(bundle)
 	if err != nil {
-		return p.wrap(err)
+		return p.wrap(certreport.WithContent(err, bundle))
 	}
 	p.cur.Store(&caContent{
 		bundle: bundle,
 		certs:  certs,
 		opts:   clientVerifyOptions(pool),
 	})
-	recovered := p.src.report.succeeded()
-
-	// The bundle is useful until its last CA expires; an old CA that
-	// already expired is expected in it during a rotation.
-	var notAfter time.Time
-	subjects := make([]string, 0, len(certs))
-	for _, c := range certs {
-		if c.NotAfter.After(notAfter) {
-			notAfter = c.NotAfter
-		}
-		subjects = append(subjects, c.Subject.String())
-	}
-	certmetrics.CertificateLoaded(p.src.name, bundleID(certs), notAfter)
-	logger := klog.V(2)
-	if recovered {
-		logger = klog.V(0)
-	}
-	logger.InfoS("Loaded CA bundle",
-		"provider", p.src.name,
-		"file", p.file,
-		"certificates", len(certs),
-		"subjects", subjects,
-		"notAfter", notAfter.UTC(),
-		"rotated", prev != nil,
-	)
+	p.src.report.succeeded()
+	p.src.report.BundleLoaded(certs, "file", p.file)
 	p.notify()
 	return nil
 }
 
 func (p *FileCA) wrap(err error) error {
 	return fmt.Errorf("loading CA bundle %s: %w", p.file, err)
-}
-
-// bundleID identifies a CA bundle's content for metrics: the serials of its
-// certificates.
-func bundleID(certs []*x509.Certificate) string {
-	ids := make([]string, len(certs))
-	for i, c := range certs {
-		ids[i] = c.SerialNumber.Text(16)
-	}
-	return strings.Join(ids, ",")
 }

@@ -159,7 +159,7 @@ func TestFileCertKeyHalfWrittenPairOutlastsGrace(t *testing.T) {
 	out := logs.String()
 	assert.Equal(t, 1, rejectedLines(out, p.Name()), "recovery logs no error:\n%s", out)
 	assert.Equal(t, errorsAfter, loadErrorCount(t, p.Name()), "recovery counts no error")
-	assert.Contains(t, out, "Loaded serving certificate", "the recovery is logged")
+	assert.Contains(t, out, "Loaded certificate", "the recovery is logged")
 }
 
 // TestFileCertKeyHalfWrittenPairWithinGrace: while a change may still
@@ -396,7 +396,7 @@ func TestWatchLoopRelevantEvents(t *testing.T) {
 	require.NoError(t, os.Symlink("vol", filepath.Join(root, "alias")))
 	alias := filepath.Join(root, "alias")
 
-	src, err := newFileSource("test", 0, nil, filepath.Join(alias, "tls.crt"), filepath.Join(alias, "tls.key"))
+	src, err := newFileSource("test", newReporter("test", nil, nil), 0, nil, filepath.Join(alias, "tls.crt"), filepath.Join(alias, "tls.key"))
 	require.NoError(t, err)
 	l := &watchLoop{s: src, realDirs: map[string]string{}, retryDelay: fileRetryMin}
 	defer l.closeWatcher()

@@ -32,6 +32,7 @@ import (
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -138,9 +139,20 @@ func waitServes(t testing.TB, p *FileCertKey, leaf *pki.Issued) {
 // read. The cleanup checks that Run returns once its context is done.
 func startRun(t testing.TB, src *fileSource, run func(context.Context, int)) {
 	t.Helper()
+	startRunCounting(t, src, run)
+}
+
+// startRunCounting is startRun, and returns the number of reloads the loop
+// has done so far.
+func startRunCounting(t testing.TB, src *fileSource, run func(context.Context, int)) *atomic.Int64 {
+	t.Helper()
 	started := make(chan struct{})
 	var once sync.Once
-	src.afterSync = func() { once.Do(func() { close(started) }) }
+	syncs := &atomic.Int64{}
+	src.afterSync = func() {
+		syncs.Add(1)
+		once.Do(func() { close(started) })
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -160,6 +172,7 @@ func startRun(t testing.TB, src *fileSource, run func(context.Context, int)) {
 	case <-time.After(fileWait):
 		t.Fatalf("Run did not start within %v", fileWait)
 	}
+	return syncs
 }
 
 func newTestFileCertKey(t testing.TB, certPath, keyPath string, mutate ...func(*FileCertKeyConfig)) *FileCertKey {
@@ -742,9 +755,12 @@ func captureKlog(t *testing.T) *syncBuffer {
 	return buf
 }
 
-// TestFileCertKeyLogsEachDistinctErrorOnce is not parallel: it captures the
-// global klog output.
-func TestFileCertKeyLogsEachDistinctErrorOnce(t *testing.T) {
+// TestFileCertKeyReportsEachDistinctFailureOnce: a failure is counted,
+// logged and sent as an Event once however often it is re-read (events,
+// resyncs); a different bad content is another failure even with the same
+// error message, and so is a different error, and the same content after a
+// recovery. It is not parallel: it captures the global klog output.
+func TestFileCertKeyReportsEachDistinctFailureOnce(t *testing.T) {
 	logs := captureKlog(t)
 	dir := t.TempDir()
 	certPath, keyPath := plainPaths(dir)
@@ -752,10 +768,14 @@ func TestFileCertKeyLogsEachDistinctErrorOnce(t *testing.T) {
 	writeAtomic(t, certPath, good.CertPEM)
 	writeAtomic(t, keyPath, good.KeyPEM)
 	fake := clocktesting.NewFakeClock(time.Now())
-	p := newTestFileCertKey(t, certPath, keyPath, func(c *FileCertKeyConfig) { c.Clock = fake })
-	startRun(t, p.src, p.Run)
+	recorder := certreporttest.NewRecorder()
+	p := newTestFileCertKey(t, certPath, keyPath, func(c *FileCertKeyConfig) {
+		c.Clock, c.EventRecorder, c.EventObject = fake, recorder, certreporttest.Pod
+	})
+	syncs := startRunCounting(t, p.src, p.Run)
 	require.Eventually(t, fake.HasWaiters, fileWait, fileTick)
 	assertServes(t, p, good)
+	before := loadErrorCount(t, p.Name())
 
 	countErrLines := func(out string) int {
 		n := 0
@@ -766,45 +786,85 @@ func TestFileCertKeyLogsEachDistinctErrorOnce(t *testing.T) {
 		}
 		return n
 	}
-	// failing runs action and waits until at least one more load failed.
-	failing := func(action func()) {
+	// counted waits until n failures were counted in all.
+	counted := func(n float64) {
 		t.Helper()
-		target := loadErrorCount(t, p.Name()) + 1
-		action()
-		require.Eventually(t, func() bool { return loadErrorCount(t, p.Name()) >= target }, fileWait, fileTick)
+		require.Eventually(t, func() bool { return loadErrorCount(t, p.Name()) == before+n }, fileWait, fileTick)
 	}
-	step := func() { fake.Step(DefaultFileResyncInterval) }
+	// resync steps the clock to the next resync and waits for its reload;
+	// a resync reports what it reads at once.
+	resync := func() {
+		t.Helper()
+		n := syncs.Load()
+		fake.Step(DefaultFileResyncInterval)
+		require.Eventually(t, func() bool { return syncs.Load() > n }, fileWait, fileTick)
+	}
 
-	// The same bad content, seen through three events and three resyncs.
+	// The same bad content, seen through three events and three resyncs:
+	// one failure.
 	garbage := []byte("not a certificate\n")
-	for range 3 {
-		failing(func() { writeAtomic(t, certPath, garbage) })
+	writeAtomic(t, certPath, garbage)
+	counted(1)
+	for range 2 {
+		writeAtomic(t, certPath, garbage)
+		resync()
 	}
 	for range 3 {
-		failing(step)
+		resync()
 	}
+	resync() // every earlier reload has been reported by now
+	assert.Equal(t, before+1, loadErrorCount(t, p.Name()), "the same failure retried is counted once")
 	klog.Flush()
 	assert.Equal(t, 1, countErrLines(logs.String()), "same error logged once:\n%s", logs.String())
 
-	// A different error is logged.
+	// Other garbage fails with the same message, but it is new content.
+	writeAtomic(t, certPath, []byte("still not a certificate\n"))
+	counted(2)
+	resync()
+	resync()
+	assert.Equal(t, before+2, loadErrorCount(t, p.Name()))
+
+	// A different error is another failure.
 	other := fileLeaf(t)
 	writeAtomic(t, certPath, other.CertPEM) // with the old key: mismatch
 	require.Eventually(t, func() bool { return errors.Is(p.LastError(), pki.ErrKeyMismatch) }, fileWait, fileTick)
-	failing(step)
-	klog.Flush()
-	assert.Equal(t, 2, countErrLines(logs.String()))
+	counted(3)
+	resync()
+	resync()
+	assert.Equal(t, before+3, loadErrorCount(t, p.Name()))
 
-	// After recovery the first error is logged again.
+	// After a recovery the first content fails anew.
 	writeAtomic(t, keyPath, other.KeyPEM)
 	waitServes(t, p, other)
-	failing(func() { writeAtomic(t, certPath, garbage) })
-	failing(step)
+	writeAtomic(t, certPath, garbage)
+	counted(4)
+	resync()
+	resync()
+	assert.Equal(t, before+4, loadErrorCount(t, p.Name()))
 	klog.Flush()
 	out := logs.String()
-	assert.Equal(t, 3, countErrLines(out))
+	assert.Equal(t, 4, countErrLines(out))
 
-	// The load itself was logged at -v=2, with the serial...
-	assert.Contains(t, out, "Loaded serving certificate")
+	// One Warning Event per counted failure, one Normal Event for the
+	// rotation; nothing else.
+	var warnings, rotations int
+	for _, e := range certreporttest.Drain(recorder) {
+		switch {
+		case strings.HasPrefix(e, "Warning "+ReasonCertificateLoadFailed+" Load "):
+			warnings++
+			assert.Contains(t, e, p.Name(), "the Event names the provider")
+		case strings.HasPrefix(e, "Normal "+ReasonCertificateRotated+" Rotate "):
+			rotations++
+			assert.Contains(t, e, other.Cert.SerialNumber.Text(16))
+		default:
+			t.Errorf("unexpected Event %q", e)
+		}
+	}
+	assert.Equal(t, 4, warnings, "CertificateLoadFailed Events")
+	assert.Equal(t, 1, rotations, "CertificateRotated Events")
+
+	// The load itself was logged, with the serial...
+	assert.Contains(t, out, "Loaded certificate")
 	assert.Contains(t, out, other.Cert.SerialNumber.Text(16))
 	// ...and key material never is, even at -v=10.
 	assert.NotContains(t, out, "PRIVATE KEY")

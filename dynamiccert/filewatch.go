@@ -71,11 +71,11 @@ type fileSource struct {
 
 	// loadMu serializes loads (RunOnce and Run may race).
 	loadMu sync.Mutex
-	// report counts every failed load and logs each distinct error once.
+	// report reports each change, and each distinct failure, once.
 	report *reporter
 }
 
-func newFileSource(name string, resync time.Duration, clk clock.WithTicker, files ...string) (*fileSource, error) {
+func newFileSource(name string, report *reporter, resync time.Duration, clk clock.WithTicker, files ...string) (*fileSource, error) {
 	if resync < 0 {
 		return nil, fmt.Errorf("%s: resync interval must not be negative, got %v", name, resync)
 	}
@@ -85,7 +85,7 @@ func newFileSource(name string, resync time.Duration, clk clock.WithTicker, file
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	s := &fileSource{name: name, clock: clk, resync: resync, grace: defaultFileSettleGrace, report: &reporter{name: name}}
+	s := &fileSource{name: name, clock: clk, resync: resync, grace: defaultFileSettleGrace, report: report}
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
 		if err != nil {

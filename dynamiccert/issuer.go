@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -42,13 +44,14 @@ type issuer struct {
 	// syncMu serializes check: Run and RunOnce may overlap.
 	syncMu sync.Mutex
 
-	mu   sync.RWMutex
-	cas  caSet // the state in force, as last read or written
-	leaf *pki.Issued
+	mu       sync.RWMutex
+	cas      caSet // the state in force, as last read or written
+	leaf     *pki.Issued
+	leafPair *pki.KeyPair // leaf, ready to serve
 	// alts are the leaves of cfg.keyTypes[1:], in that order, issued and
 	// replaced together with leaf; empty with a single key type.
-	alts     []*pki.Issued
-	leafCA   []byte // raw certificate of the CA that signed leaf and alts
+	alts   []*pki.Issued
+	leafCA []byte // raw certificate of the CA that signed leaf and alts
 	bundle   []byte
 	pool     *x509.CertPool
 	unsafe   int
@@ -83,7 +86,7 @@ type caStore interface {
 }
 
 func newIssuer(cfg issuerConfig, sched rotation, store caStore, observers []Observer) *issuer {
-	i := &issuer{cfg: cfg, sched: sched, store: store, report: &reporter{name: cfg.name}, kick: make(chan struct{}, 1)}
+	i := &issuer{cfg: cfg, sched: sched, store: store, report: newReporter(cfg.name, cfg.recorder, cfg.eventObject), kick: make(chan struct{}, 1)}
 	for _, h := range cfg.hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			i.cfg.ips = append(i.cfg.ips, ip)
@@ -268,15 +271,10 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 			}
 			issued[n] = leaf
 		}
-		rotated := i.leaf != nil
-		i.leaf, i.alts, i.leafCA, changed = issued[0], issued[1:], st.signing.Cert.Raw, true
-		for n, leaf := range issued {
-			name := i.leafName(n)
-			certmetrics.CertificateLoaded(name, serial(leaf.Cert), leaf.Cert.NotAfter)
-			klog.InfoS("Issued serving certificate", "provider", name, "keyType", i.cfg.keyTypes[n], "subject", leaf.Cert.Subject.CommonName,
-				"serial", serial(leaf.Cert), "notAfter", leaf.Cert.NotAfter.UTC(), "ca", st.signing.Cert.Subject.CommonName,
-				"caSerial", serial(st.signing.Cert), "rotated", rotated)
-		}
+		i.leaf, i.alts, i.leafPair, i.leafCA, changed = issued[0], issued[1:], issued[0].KeyPair(), st.signing.Cert.Raw, true
+		// The alternatives are reported by the sni controller, which parses
+		// them: whoever parses a certificate reports it (internal/certreport).
+		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 	}
 	leafSerial := serial(i.leaf.Cert)
 	i.mu.Unlock()
@@ -330,9 +328,7 @@ func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
 	msg := fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it; clients must refresh their trust bundle",
 		now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
 	klog.ErrorS(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
-	if i.cfg.recorder != nil && i.cfg.eventObject != nil {
-		i.cfg.recorder.Eventf(i.cfg.eventObject, nil, corev1.EventTypeWarning, "UnsafeCARotation", "Rotate", "%s", msg)
-	}
+	i.report.Event(corev1.EventTypeWarning, ReasonUnsafeCARotation, certreport.ActionRotate, msg)
 }
 
 func (i *issuer) nextDeadline() time.Time {
@@ -346,6 +342,17 @@ func (i *issuer) nextDeadline() time.Time {
 		next = earliest(next, now.Add(i.cfg.checkInterval))
 	}
 	return next
+}
+
+// currentParsedCertKey returns the leaf PEM and the leaf ready to serve, or
+// nil, nil, nil before the first one.
+func (i *issuer) currentParsedCertKey() ([]byte, []byte, *tls.Certificate) {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	if i.leaf == nil {
+		return nil, nil, nil
+	}
+	return i.leaf.CertPEM, i.leaf.KeyPEM, &i.leafPair.TLS
 }
 
 // currentCertKey returns the leaf PEM, or nil, nil before the first one.

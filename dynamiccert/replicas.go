@@ -110,7 +110,7 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 	}
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
-		duration: duration, clock: clk, report: &reporter{name: providerName + "/replica-announcement"},
+		duration: duration, clock: clk, report: newReporter(providerName+"/replica-announcement", nil, nil),
 		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
 	}
 }
@@ -264,13 +264,13 @@ func (r *replicaSet) collect(ctx context.Context) {
 		err := leases.Delete(ctx, d.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &d.version}})
 		switch {
 		case err == nil:
-			klog.V(2).InfoS("Deleted the Lease of a replica that is gone", "provider", r.report.name, "lease", klog.KRef(r.namespace, d.name))
+			klog.V(2).InfoS("Deleted the Lease of a replica that is gone", "provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
 		case apierrors.IsForbidden(err):
 			r.mu.Lock()
 			r.collectForbidden = true
 			r.mu.Unlock()
 			klog.InfoS("Cannot delete the Leases of replicas that are gone (RBAC: allow delete on leases.coordination.k8s.io); they stay until removed",
-				"provider", r.report.name, "lease", klog.KRef(r.namespace, d.name))
+				"provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
 			return
 		}
 		// NotFound, Conflict (renewed meanwhile), transient errors: look

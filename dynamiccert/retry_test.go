@@ -1,10 +1,8 @@
 package dynamiccert
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,11 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/certreport/certreporttest"
+	"github.com/evercert/evercert/internal/klogtest"
 )
 
 // guard bounds every wait for another goroutine. It is not a timing
@@ -132,53 +131,17 @@ func attemptsWithin(window, step time.Duration, stretch float64) int {
 	}
 }
 
-// logCapture records what klog logs while a test runs.
-type logCapture struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logCapture) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// count returns how many logged lines contain every one of parts.
-func (l *logCapture) count(parts ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for line := range strings.Lines(l.buf.String()) {
-		all := true
-		for _, p := range parts {
-			all = all && strings.Contains(line, p)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
-}
-
-func captureLogs(t *testing.T) *logCapture {
-	l := &logCapture{}
-	klog.SetSlogLogger(slog.New(slog.NewTextHandler(l, nil)))
-	t.Cleanup(klog.ClearLogger)
-	return l
-}
-
 // TestAuthorityRunBacksOffOnAPIErrors runs the Authority against an API
 // server that answers every GET with Forbidden, for ten simulated minutes in
 // one-second steps. Retries must follow the backoff (doubling from 800 ms to
-// 30 s, with jitter), not one per step; each attempt is counted once in the
-// load-error metric and the error is logged once.
+// 30 s, with jitter), not one per step; the failure, the same at every
+// attempt, is counted once in the load-error metric and logged once.
 func TestAuthorityRunBacksOffOnAPIErrors(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", forbidden())
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-backoff")
-	logs := captureLogs(t)
+	logs := klogtest.Capture(t)
 	before := certmetricstest.LoadErrors(t, a.Name())
 
 	runInBackground(t, a.Run)
@@ -191,8 +154,8 @@ func TestAuthorityRunBacksOffOnAPIErrors(t *testing.T) {
 	most, least := attemptsWithin(window, time.Second, 1), attemptsWithin(window, time.Second, 1+backoff.Jitter)
 	assert.LessOrEqual(t, n, most, "GETs in %v of 1s steps: more than the backoff allows", window)
 	assert.GreaterOrEqual(t, n, least, "GETs in %v: the loop must keep retrying at the cap", window)
-	assert.EqualValues(t, n, certmetricstest.LoadErrors(t, a.Name())-before, "each attempt is one load error")
-	assert.Equal(t, 1, logs.count("Rejected new content", "reading CA secret ns/ca: forbidden"), "one log line for one distinct error")
+	assert.EqualValues(t, 1, certmetricstest.LoadErrors(t, a.Name())-before, "%d attempts of one failure are one load error", n)
+	assert.Equal(t, 1, logs.Count("Rejected new content", "reading CA secret ns/ca: forbidden"), "one log line for one distinct error")
 	require.ErrorContains(t, a.LastError(), "reading CA secret ns/ca: forbidden")
 	assert.Nil(t, a.Leaf())
 }
@@ -300,33 +263,35 @@ func TestAuthorityRunKickDuringBackoff(t *testing.T) {
 }
 
 // TestAuthorityRunLogsEachErrorOnce forbids both the GET of the run loop and
-// the LIST of its watch. Their errors differ; each must be logged once even
-// when they interleave, while every attempt is still counted.
+// the LIST of its watch. Their errors differ; each must be logged and
+// counted once even when they interleave and are retried.
 func TestAuthorityRunLogsEachErrorOnce(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", forbidden())
 	lists := interceptSecrets(client, "list", forbidden())
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-log-once")
-	logs := captureLogs(t)
+	logs := klogtest.Capture(t)
 	before := certmetricstest.LoadErrors(t, a.Name())
-	reported := func() bool {
-		return int64(certmetricstest.LoadErrors(t, a.Name())-before) == gets.n.Load()+lists.n.Load()
-	}
+	both := func() bool { return certmetricstest.LoadErrors(t, a.Name())-before == 2 }
 
 	runInBackground(t, a.Run)
 	waitBlocked(t, clk)
 	// Let the watch fail again after the first GET (its reflector backs off
 	// on the real clock, about a second), then GET again.
 	afterGet := lists.n.Load()
-	waitFor(t, "the watch to fail after the first GET", func() bool { return lists.n.Load() > afterGet && reported() })
+	waitFor(t, "the watch to fail after the first GET", func() bool { return lists.n.Load() > afterGet && both() })
 	for gets.n.Load() < 2 {
 		stepSeconds(t, clk, 1)
 	}
-	waitFor(t, "every attempt to be counted", reported)
+	// The watch fails once more after the second GET: still two failures.
+	afterGet = lists.n.Load()
+	waitFor(t, "the watch to fail after the second GET", func() bool { return lists.n.Load() > afterGet })
+	assert.EqualValues(t, 2, certmetricstest.LoadErrors(t, a.Name())-before, "%d GETs and %d LISTs failing with two errors are two load errors",
+		gets.n.Load(), lists.n.Load())
 
-	assert.Equal(t, 1, logs.count("Rejected new content", "reading CA secret ns/ca: forbidden"), "GET error logged more than once")
-	assert.Equal(t, 1, logs.count("Rejected new content", "watching secret ns/ca: forbidden"), "watch error logged more than once")
+	assert.Equal(t, 1, logs.Count("Rejected new content", "reading CA secret ns/ca: forbidden"), "GET error logged more than once")
+	assert.Equal(t, 1, logs.Count("Rejected new content", "watching secret ns/ca: forbidden"), "watch error logged more than once")
 	assert.ErrorContains(t, a.LastError(), "reading CA secret ns/ca: forbidden")
 }
 
@@ -340,7 +305,7 @@ func TestAuthorityRunConflictRereads(t *testing.T) {
 	creates := interceptSecrets(client, "create", apierrors.NewAlreadyExists(corev1.Resource("secrets"), "ca"))
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-conflict")
-	logs := captureLogs(t)
+	logs := klogtest.Capture(t)
 	before := certmetricstest.LoadErrors(t, a.Name())
 
 	runInBackground(t, a.Run)
@@ -356,19 +321,22 @@ func TestAuthorityRunConflictRereads(t *testing.T) {
 		stepSeconds(t, clk, 1)
 	}
 	assert.Zero(t, certmetricstest.LoadErrors(t, a.Name())-before, "a conflict is not a load error")
-	assert.Zero(t, logs.count("Rejected new content"), "a conflict is not logged as an error")
+	assert.Zero(t, logs.Count("Rejected new content"), "a conflict is not logged as an error")
 	assert.NoError(t, a.LastError())
 }
 
 // TestSelfSignedRunBacksOffOnErrors makes every new leaf fail (an unknown
 // key type) once one is due: SelfSigned.Run must retry with backoff, not once
-// per clock step, counting each attempt, and keep serving the old leaf.
+// per clock step, count the failure once, and keep serving the old leaf.
 func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 	clk := clocktesting.NewFakeClock(testNow)
-	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk})
+	rec := certreporttest.NewRecorder()
+	s, err := NewSelfSigned(SelfSignedConfig{Name: "selfsigned-run-backoff", Lifetime: time.Hour, Clock: clk, EventRecorder: rec, EventObject: certreporttest.Pod})
 	require.NoError(t, err)
 	serving := s.Leaf()
 	s.issuer.cfg.keyTypes = []KeyType{"broken"} // before Run: no race
+	attempts := &countingStore{caStore: s.store}
+	s.store = attempts
 	clk.SetTime(s.RenewAt())
 	before := certmetricstest.LoadErrors(t, s.Name())
 
@@ -377,9 +345,24 @@ func TestSelfSignedRunBacksOffOnErrors(t *testing.T) {
 	const window = 10 * time.Minute
 	stepSeconds(t, clk, int(window/time.Second))
 
-	n := int(certmetricstest.LoadErrors(t, s.Name()) - before)
+	n := int(attempts.n.Load())
+	assert.EqualValues(t, 1, certmetricstest.LoadErrors(t, s.Name())-before, "%d attempts of one failure are one load error", n)
+	got := certreporttest.Drain(rec)
+	require.Len(t, got, 1, "one Event for one failure: %q", got)
+	assert.True(t, strings.HasPrefix(got[0], "Warning "+ReasonCertificateLoadFailed+" Load provider selfsigned-run-backoff: "), got[0])
 	assert.LessOrEqual(t, n, attemptsWithin(window, time.Second, 1), "attempts in %v of 1s steps: more than the backoff allows", window)
 	assert.GreaterOrEqual(t, n, attemptsWithin(window, time.Second, 1+backoff.Jitter))
 	assert.ErrorContains(t, s.LastError(), `unknown key type "broken"`)
 	assert.Equal(t, serving, s.Leaf(), "the current leaf is still served")
+}
+
+// countingStore counts the checks of an issuer: each one updates the store.
+type countingStore struct {
+	caStore
+	n atomic.Int64
+}
+
+func (c *countingStore) update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+	c.n.Add(1)
+	return c.caStore.update(ctx, decide)
 }

@@ -147,8 +147,15 @@ func (r rotation) valid(c *x509.Certificate, now time.Time) bool {
 	return !now.Add(r.skew).Before(c.NotBefore) && now.Before(c.NotAfter)
 }
 
+// newCA makes a CA named "<provider>-ca@<unix seconds>", as upstream names
+// its self-signed CAs, so that logs, Status and x509 errors say which CA.
 func (r rotation) newCA(now time.Time) (*pki.Issued, error) {
-	return pki.NewCA(pki.Request{CommonName: r.name + "-ca", KeyType: r.caKeyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
+	return pki.NewCA(pki.Request{CommonName: caCommonName(r.name, now), KeyType: r.caKeyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
+}
+
+// caCommonName is the common name of a CA that provider makes at now.
+func caCommonName(provider string, now time.Time) string {
+	return fmt.Sprintf("%s-ca@%d", provider, now.Unix())
 }
 
 // backdate is how far certificates are backdated: the skew tolerance, and

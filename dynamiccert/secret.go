@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -20,9 +21,10 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -53,6 +55,12 @@ type SecretConfig struct {
 	// Clock is used for validity checks of loaded certificates. Default
 	// clock.RealClock{}.
 	Clock clock.PassiveClock
+	// EventRecorder receives a Normal CertificateRotated Event for every new
+	// certificate (certificate sources) and a Warning CertificateLoadFailed
+	// Event for every distinct load failure, about EventObject. Optional.
+	EventRecorder events.EventRecorder
+	// EventObject is the object the Events are about. Default the Secret.
+	EventObject runtime.Object
 }
 
 // secretSource is what SecretCertKey and SecretCA share: a watch on one
@@ -83,7 +91,10 @@ func newSecretSource(cfg SecretConfig) (*secretSource, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &secretSource{cfg: cfg, key: key, report: &reporter{name: cfg.Name}}, nil
+	if cfg.EventObject == nil {
+		cfg.EventObject = &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
+	}
+	return &secretSource{cfg: cfg, key: key, report: newReporter(cfg.Name, cfg.EventRecorder, cfg.EventObject)}, nil
 }
 
 func (s *secretSource) handle(secret *corev1.Secret) error {
@@ -227,6 +238,15 @@ func (p *SecretCertKey) CurrentCertKeyContent() ([]byte, []byte) {
 	return nil, nil
 }
 
+// CurrentParsedCertKeyContent returns what CurrentCertKeyContent returns
+// together with the certificate parsed from it (Leaf set), or nil, nil, nil
+// before the first successful load. The sni controller serves that
+// certificate as is, instead of parsing the PEM again. None of it may be
+// modified.
+func (p *SecretCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return p.cur.Load().parsed()
+}
+
 // Current returns the parsed last good pair, or nil.
 func (p *SecretCertKey) Current() *pki.KeyPair {
 	if c := p.cur.Load(); c != nil {
@@ -327,11 +347,11 @@ func (p *SecretCA) process(secret *corev1.Secret) error {
 	}
 	pool, certs, err := pki.NewPool(data[0])
 	if err != nil {
-		return p.src.report.failed(fmt.Errorf("secret %s key %s: %w", p.src.key, SecretCAKey, err))
+		return p.src.report.failed(fmt.Errorf("secret %s key %s: %w", p.src.key, SecretCAKey, certreport.WithContent(err, data[0])))
 	}
 	p.cur.Store(&caContent{bundle: data[0], certs: certs, opts: clientVerifyOptions(pool)})
 	p.src.report.succeeded()
-	klog.V(2).InfoS("Loaded CA bundle from secret", "provider", p.src.cfg.Name, "bytes", len(data[0]))
+	p.src.report.BundleLoaded(certs, "secret", p.src.key)
 	p.notify()
 	return nil
 }

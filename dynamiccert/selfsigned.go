@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -88,8 +89,10 @@ type SelfSignedConfig struct {
 	// consumers they stand for; it signs only once all have (see Observer
 	// and AddObserver). Default none: only PropagationDelay.
 	Observers []Observer
-	// EventRecorder, with EventObject, receives a Warning Event on an
-	// unsafe rotation. Optional.
+	// EventRecorder, with EventObject, receives a Normal CertificateRotated
+	// Event for every new leaf, a Warning CertificateLoadFailed Event for
+	// every distinct failure to rotate, and a Warning UnsafeCARotation
+	// Event on an unsafe rotation. Optional: no Events without both.
 	EventRecorder events.EventRecorder
 	// EventObject is the object Events are about, e.g. the Pod. Optional.
 	EventObject runtime.Object
@@ -244,6 +247,13 @@ func (s *SelfSigned) Status() RotationStatus { return s.currentStatus() }
 // CurrentCertKeyContent returns the current leaf certificate and key PEM.
 // Callers must not modify the returned slices.
 func (s *SelfSigned) CurrentCertKeyContent() ([]byte, []byte) { return s.currentCertKey() }
+
+// CurrentParsedCertKeyContent returns what CurrentCertKeyContent returns
+// together with the leaf ready to serve. The sni controller serves it as
+// is, without parsing the PEM. None of it may be modified.
+func (s *SelfSigned) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return s.currentParsedCertKey()
+}
 
 // CurrentCABundleContent returns the PEM bundle of every CA that has not
 // expired, including a successor that does not sign yet.

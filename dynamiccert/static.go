@@ -1,6 +1,8 @@
 package dynamiccert
 
 import (
+	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 
@@ -33,10 +35,13 @@ func NewStaticCertKey(name string, certPEM, keyPEM []byte, sniNames ...string) (
 	if err != nil {
 		return nil, fmt.Errorf("loading static certificate %q: %w", name, err)
 	}
+	// The provider parsed it, so it reports it: the sni controller serving
+	// it does not.
+	newReporter(name, nil, nil).Loaded(pair.Leaf, "source", "static")
 	return &StaticCertKey{
 		name:     name,
-		certPEM:  cloneBytes(certPEM),
-		keyPEM:   cloneBytes(keyPEM),
+		certPEM:  bytes.Clone(certPEM),
+		keyPEM:   bytes.Clone(keyPEM),
 		sniNames: append([]string(nil), sniNames...),
 		pair:     pair,
 	}, nil
@@ -51,6 +56,13 @@ func (s *StaticCertKey) CurrentCertKeyContent() ([]byte, []byte) { return s.cert
 
 // SNINames returns the explicit SNI names, or nil.
 func (s *StaticCertKey) SNINames() []string { return s.sniNames }
+
+// CurrentParsedCertKeyContent returns the certificate and key PEM together
+// with the certificate parsed from them. The sni controller serves it as is,
+// without parsing the PEM again. None of it may be modified.
+func (s *StaticCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return s.certPEM, s.keyPEM, &s.pair.TLS
+}
 
 // Current returns the parsed key pair.
 func (s *StaticCertKey) Current() *pki.KeyPair { return s.pair }
@@ -74,7 +86,7 @@ func NewStaticCA(name string, bundle []byte) (*StaticCA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading static CA bundle %q: %w", name, err)
 	}
-	return &StaticCA{name: name, bundle: cloneBytes(bundle), opts: clientVerifyOptions(pool)}, nil
+	return &StaticCA{name: name, bundle: bytes.Clone(bundle), opts: clientVerifyOptions(pool)}, nil
 }
 
 // Name returns the provider name given to NewStaticCA.

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"fmt"
 	"strings"
 	"sync"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
-	"k8s.io/klog/v2"
 
-	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -19,10 +19,14 @@ import (
 // that are ControllerRunners and passes their change notifications on.
 //
 // A member whose bundle does not parse is left out of the union (counted in
-// evercert_certificate_load_errors_total under the member's name) while the
-// others are still served. All methods are safe for concurrent use.
+// evercert_certificate_load_errors_total under the member's name and logged,
+// once per distinct bad bundle) while the others are still served. All
+// methods are safe for concurrent use.
 type UnionCA struct {
 	members []dynamiccertificates.CAContentProvider
+	// reports report the members' bad bundles, which the union is the
+	// first to parse when a member is not evercert's.
+	reports []*reporter
 
 	mu     sync.Mutex
 	inputs [][]byte // member bundles the cached result was built from
@@ -42,6 +46,7 @@ func NewUnionCA(members ...dynamiccertificates.CAContentProvider) *UnionCA {
 	for _, m := range members {
 		if m != nil {
 			u.members = append(u.members, m)
+			u.reports = append(u.reports, newReporter(m.Name(), nil, nil))
 		}
 	}
 	return u
@@ -94,10 +99,10 @@ func (u *UnionCA) refreshLocked() {
 		}
 		certs, err := pki.ParseCABundle(in)
 		if err != nil {
-			certmetrics.LoadError(u.members[i].Name())
-			klog.ErrorS(err, "Leaving CA bundle out of the union", "provider", u.members[i].Name())
+			u.reports[i].Failed(certreport.WithContent(fmt.Errorf("CA bundle of %s left out of the union: %w", u.members[i].Name(), err), in))
 			continue
 		}
+		u.reports[i].Succeeded()
 		for _, c := range certs {
 			if seen[string(c.Raw)] {
 				continue

@@ -2,6 +2,7 @@ package loopback
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net/http"
@@ -92,6 +93,13 @@ func (c *Certificate) Name() string { return c.ss.Name() }
 // CurrentCertKeyContent returns the current leaf certificate and private key
 // PEM. Callers must not modify the returned slices.
 func (c *Certificate) CurrentCertKeyContent() ([]byte, []byte) { return c.ss.CurrentCertKeyContent() }
+
+// CurrentParsedCertKeyContent returns the current leaf PEM together with the
+// leaf ready to serve, so evercert's sni controller serves it without
+// parsing it again (sni.ParsedCertKeyProvider).
+func (c *Certificate) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certificate) {
+	return c.ss.CurrentParsedCertKeyContent()
+}
 
 // SNINames returns []string{ServerName}: the leaf is selected for that SNI
 // name only, never as a default or for an IP (see NameOnly).

@@ -15,6 +15,8 @@ import (
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/streaming/pkg/httpstream"
+
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // handshakeTimeout bounds the TLS handshake of a loopback connection, like
@@ -33,6 +35,8 @@ type trust struct {
 type pool struct {
 	bundle []byte
 	pool   *x509.CertPool
+	// names are the common names of the CAs in the bundle, for errors.
+	names []string
 }
 
 func (t *trust) pool() (*x509.CertPool, error) {
@@ -40,12 +44,34 @@ func (t *trust) pool() (*x509.CertPool, error) {
 	if p := t.cached.Load(); p != nil && bytes.Equal(p.bundle, b) {
 		return p.pool, nil
 	}
-	certPool := x509.NewCertPool()
-	if !certPool.AppendCertsFromPEM(b) {
-		return nil, errors.New("loopback CA bundle holds no certificate")
+	certPool, certs, err := pki.NewPool(b)
+	if err != nil {
+		return nil, fmt.Errorf("loopback CA bundle: %w", err)
 	}
-	t.cached.Store(&pool{bundle: b, pool: certPool})
+	names := make([]string, len(certs))
+	for i, c := range certs {
+		names[i] = c.Subject.CommonName
+	}
+	t.cached.Store(&pool{bundle: b, pool: certPool, names: names})
 	return certPool, nil
+}
+
+// explain adds to a handshake error in which the server's certificate does
+// not chain to the trust bundle which CA issued it and which CAs the bundle
+// holds. evercert names its CAs "<provider>-ca@<unix seconds>", so this
+// tells the two sides' CAs apart (a second server on the loopback port, a
+// bundle that did not follow a rotation).
+func (t *trust) explain(err error) error {
+	var ua x509.UnknownAuthorityError
+	if !errors.As(err, &ua) || ua.Cert == nil {
+		return err
+	}
+	var trusted []string
+	if p := t.cached.Load(); p != nil {
+		trusted = p.names
+	}
+	return fmt.Errorf("server certificate %q was issued by %q, which is not in the loopback trust bundle %q: %w",
+		ua.Cert.Subject.CommonName, ua.Cert.Issuer.CommonName, trusted, err)
 }
 
 // tlsConfig returns the client configuration for one new connection: the
@@ -100,7 +126,7 @@ func newTransport(t *trust) *http.Transport {
 		conn := tls.Client(raw, cfg)
 		if err := conn.HandshakeContext(hctx); err != nil {
 			_ = raw.Close()
-			return nil, fmt.Errorf("loopback TLS handshake with %s: %w", addr, err)
+			return nil, fmt.Errorf("loopback TLS handshake with %s: %w", addr, t.explain(err))
 		}
 		return conn, nil
 	}

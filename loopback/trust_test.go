@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -155,6 +156,7 @@ func TestTrustFailsClosed(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
 	c, err := loopback.New(loopback.Options{Clock: fc})
 	require.NoError(t, err)
+	fc.Step(time.Second)
 	other, err := loopback.New(loopback.Options{Clock: fc})
 	require.NoError(t, err)
 
@@ -167,6 +169,12 @@ func TestTrustFailsClosed(t *testing.T) {
 		_, _, err = get(t, hc, cfg.Host)
 		require.Error(t, err)
 		assert.True(t, isUnknownAuthority(err), "got %v", err)
+		// CAs made a second apart have different names, and the error
+		// says which CA the server used and which the client trusts.
+		ours, theirs := c.Leaf().Issuer.CommonName, other.Leaf().Issuer.CommonName
+		assert.Equal(t, fmt.Sprintf("%s-ca@%d", loopback.ProviderName, fc.Now().Unix()), theirs)
+		assert.NotEqual(t, ours, theirs)
+		assert.ErrorContains(t, err, fmt.Sprintf(`issued by %q, which is not in the loopback trust bundle ["%s"]`, theirs, ours))
 	})
 
 	t.Run("expired on the injected clock", func(t *testing.T) {

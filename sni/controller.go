@@ -14,6 +14,8 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/internal/certreport"
 )
 
 // ErrNotReady is returned by GetConfigForClient, and so fails the
@@ -116,18 +118,18 @@ func NewDynamicServingCertificateController(
 	}
 
 	if clientCA != nil {
-		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name()}
+		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name(), report: certreport.New(clientCA.Name(), o.eventRecorder, o.eventObject)}
 		clientCA.AddListener(c)
 	}
 	if serving != nil {
-		c.serving = append(c.serving, &certSlot{provider: serving, role: RoleServing, name: serving.Name()})
+		c.serving = append(c.serving, newCertSlot(o, serving, nil, RoleServing))
 		serving.AddListener(c)
 		for _, alt := range alternativesOf(serving) {
 			if alt == nil {
 				continue
 			}
 			// Another serving certificate: it claims no names either.
-			c.serving = append(c.serving, &certSlot{provider: alt, role: RoleServing, name: alt.Name()})
+			c.serving = append(c.serving, newCertSlot(o, alt, nil, RoleServing))
 			alt.AddListener(c)
 		}
 	}
@@ -136,13 +138,15 @@ func NewDynamicServingCertificateController(
 			continue
 		}
 		nameOnly := isNameOnly(p)
-		c.sniSlots = append(c.sniSlots, &certSlot{provider: p, sni: p, role: RoleSNI, name: p.Name(), nameOnly: nameOnly})
+		c.sniSlots = append(c.sniSlots, newCertSlot(o, p, p, RoleSNI))
 		p.AddListener(c)
 		for _, alt := range alternativesOf(p) {
 			if alt == nil {
 				continue
 			}
-			c.sniSlots = append(c.sniSlots, &certSlot{provider: alt, sni: alt, role: RoleSNI, name: alt.Name(), nameOnly: nameOnly || isNameOnly(alt)})
+			slot := newCertSlot(o, alt, alt, RoleSNI)
+			slot.nameOnly = slot.nameOnly || nameOnly
+			c.sniSlots = append(c.sniSlots, slot)
 			alt.AddListener(c)
 		}
 	}

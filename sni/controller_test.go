@@ -16,8 +16,9 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// runController runs c.Run until the test ends and waits for it to return.
-func runController(t *testing.T, c *DynamicServingCertificateController) {
+// runController runs c.Run (a controller's, or a provider's) until the test
+// ends and waits for it to return.
+func runController(t *testing.T, c interface{ Run(context.Context, int) }) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -7,11 +7,17 @@
 // interfaces). When a provider reports a change, a work queue coalesces the
 // notifications, and a single worker rebuilds an immutable snapshot:
 //
-//   - each provider's PEM is parsed once per distinct content and cached, so
-//     a provider that did not change is never parsed, logged or counted again;
-//   - new content that fails validation is counted in
-//     evercert_certificate_load_errors_total and logged once, and the
-//     provider's last good certificate stays in service;
+//   - a provider that parses its own content (ParsedCertKeyProvider: all of
+//     evercert's) hands over its parsed certificate, which is served as is,
+//     and reports its own changes; other providers' PEM is parsed here, once
+//     per distinct content, and each change is reported here: one Info line
+//     (provider, subject, serial, NotAfter, issuer), the certificate
+//     metrics, and with WithEventRecorder a CertificateRotated Event. A
+//     provider that did not change is never parsed, logged or counted again;
+//   - content the controller rejects (malformed, or not valid on its clock)
+//     is counted in evercert_certificate_load_errors_total, logged and sent
+//     as an Event once per distinct content and error, and the provider's
+//     last good certificate stays in service;
 //   - the snapshot holds the SNI name index, the default certificate, the
 //     client CA pool and one prepared *tls.Config.
 //

@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 )
 
@@ -29,6 +31,8 @@ type options struct {
 	clientAuthSet bool
 	name          string
 	resync        time.Duration
+	eventRecorder events.EventRecorder
+	eventObject   runtime.Object
 }
 
 func defaultOptions() options {
@@ -80,5 +84,19 @@ func WithName(name string) Option {
 func WithResyncInterval(d time.Duration) Option {
 	return func(o *options) {
 		o.resync = d
+	}
+}
+
+// WithEventRecorder sends Kubernetes Events through recorder, about object
+// (the Pod, say), for what the controller reports itself: a Normal
+// CertificateRotated Event for each new certificate it parsed (from a
+// provider that is not a ParsedCertKeyProvider), and a Warning
+// CertificateLoadFailed Event for each distinct content it rejects. evercert's
+// providers send Events about their own changes and failures: give them the
+// same recorder and object in their configs (EventRecorder, EventObject).
+// Default: no Events; a nil recorder or object sends none.
+func WithEventRecorder(recorder events.EventRecorder, object runtime.Object) Option {
+	return func(o *options) {
+		o.eventRecorder, o.eventObject = recorder, object
 	}
 }

@@ -15,8 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/klog/v2"
 
-	"github.com/evercert/evercert/internal/certmetrics"
-	"github.com/evercert/evercert/internal/errlog"
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -33,13 +32,18 @@ type certSlot struct {
 	provider dynamiccertificates.CertKeyContentProvider
 	// sni is the same provider as an SNI provider, or nil for the serving
 	// slot; only SNI slots contribute names to the index.
-	sni  dynamiccertificates.SNICertKeyContentProvider
-	role string
+	sni dynamiccertificates.SNICertKeyContentProvider
+	// parsed is the same provider when it hands out its content parsed
+	// (ParsedCertKeyProvider), or nil: the controller then parses it.
+	parsed ParsedCertKeyProvider
+	role   string
 	// nameOnly is set for a NameOnlyProvider: the slot is never the default
 	// and claims only its explicit, non-IP names (see NameOnlyProvider).
 	nameOnly bool
 	// name is the provider's Name() as of the last refresh.
 	name string
+	// report reports what the controller parses and what it rejects.
+	report *certreport.Reporter
 
 	// The last good content, its parse result and the names taken from it.
 	// pair is nil until the provider has had valid content once.
@@ -65,11 +69,21 @@ type certSlot struct {
 	explicitSeen []string
 
 	// The last rejected content and the error it got; badErr is nil when
-	// the current content is the good one. rejected logs each distinct
-	// rejection once.
+	// the current content is the good one.
 	badCert, badKey []byte
 	badErr          error
-	rejected        errlog.Once
+}
+
+// newCertSlot returns the slot of provider p in role; sni is p as an SNI
+// provider, or nil for the serving slot.
+func newCertSlot(o options, p dynamiccertificates.CertKeyContentProvider, sni dynamiccertificates.SNICertKeyContentProvider, role string) *certSlot {
+	s := &certSlot{provider: p, sni: sni, role: role, name: p.Name(),
+		report: certreport.New(p.Name(), o.eventRecorder, o.eventObject)}
+	s.parsed, _ = p.(ParsedCertKeyProvider)
+	if sni != nil {
+		s.nameOnly = isNameOnly(sni)
+	}
+	return s
 }
 
 // refreshResult tells the controller what one slot refresh did.
@@ -87,11 +101,24 @@ type refreshResult struct {
 
 // refresh reads the provider's current content and brings the slot up to
 // date. Content identical to the last good or the last rejected content is
-// not parsed again; a rejected certificate that is merely not valid yet is
-// the exception, since time alone can make it valid.
+// not looked at again; a rejected certificate that is merely not valid yet
+// is the exception, since time alone can make it valid.
+//
+// New content of a ParsedCertKeyProvider is taken as the provider parsed it,
+// which reported it; other content is parsed here, and reported here (one
+// log line, the metrics, an Event on rotation). A rejection is reported here
+// either way, once per distinct failure.
 func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time) refreshResult {
 	s.name = s.provider.Name()
-	certPEM, keyPEM := s.provider.CurrentCertKeyContent()
+	var (
+		certPEM, keyPEM []byte
+		parsed          *tls.Certificate
+	)
+	if s.parsed != nil {
+		certPEM, keyPEM, parsed = s.parsed.CurrentParsedCertKeyContent()
+	} else {
+		certPEM, keyPEM = s.provider.CurrentCertKeyContent()
+	}
 
 	var res refreshResult
 	if s.sni != nil {
@@ -108,37 +135,35 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	if s.pair != nil && sameBytes(certPEM, s.cert) && sameBytes(keyPEM, s.key) {
 		// Unchanged, or back to the last good content after a rejection.
 		s.badCert, s.badKey, s.badErr = nil, nil, nil
-		s.rejected.Reset()
+		s.report.Succeeded()
+		return res
+	}
+	if s.parsed != nil && parsed == nil {
+		// Nothing loaded yet: the provider reports its own failures.
+		res.err = fmt.Errorf("%s certificate from provider %q: nothing loaded yet", s.role, s.name)
 		return res
 	}
 	sameAsBad := s.badErr != nil && sameBytes(certPEM, s.badCert) && sameBytes(keyPEM, s.badKey)
 	if sameAsBad && !errors.Is(s.badErr, pki.ErrNotYetValid) {
-		// Already counted and logged.
+		// Already reported.
 		res.err = s.badErr
 		return res
 	}
 
-	if c.onParse != nil {
-		c.onParse(s.name)
-	}
-	pair, err := pki.ParseCertKey(certPEM, keyPEM, now)
+	pair, err := s.load(c, certPEM, keyPEM, parsed, now)
 	if err != nil {
 		err = fmt.Errorf("%s certificate from provider %q rejected: %w", s.role, s.name, err)
-		if !sameAsBad {
-			// Count each distinct bad content once, not each retry of it.
-			certmetrics.LoadError(s.name)
-		}
-		// pki errors carry the subject and validity at most, never key
-		// material or PEM, so the error is safe to log as is.
-		s.rejected.Error(klog.Background(), err, "Rejected new certificate content", "controller", c.opts.name,
-			"provider", s.name, "role", s.role, "keepingLastGood", s.pair != nil)
+		// Reported once per distinct error and content, however often it
+		// is retried. pki errors carry the subject and validity at most,
+		// never key material or PEM, so the error is safe to log as is.
+		s.report.Failed(certreport.WithContent(err, certPEM, keyPEM), "controller", c.opts.name,
+			"role", s.role, "keepingLastGood", s.pair != nil)
 		s.badCert, s.badKey, s.badErr = certPEM, keyPEM, err
 		res.err = err
 		res.retry = errors.Is(err, pki.ErrNotYetValid)
 		return res
 	}
 
-	rotated := s.pair != nil
 	s.cert, s.key, s.pair = certPEM, keyPEM, pair
 	s.extracted = extractNames(pair.Leaf)
 	s.sans, s.ipSANs = subjectAltNames(pair.Leaf)
@@ -146,20 +171,31 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil
-	s.rejected.Reset()
+	s.report.Succeeded()
 	res.changed = true
 
-	certmetrics.CertificateLoaded(s.name, pair.Leaf.SerialNumber.Text(16), pair.Leaf.NotAfter)
-	if logger := klog.V(2); logger.Enabled() {
-		names := s.explicit
-		if len(names) == 0 {
-			names = s.extracted
-		}
-		logger.InfoS("Loaded certificate", "controller", c.opts.name, "provider", s.name, "role", s.role,
-			"subject", pair.Leaf.Subject.CommonName, "names", names,
-			"notAfter", pair.Leaf.NotAfter, "serial", pair.Leaf.SerialNumber.Text(16), "rotated", rotated)
+	if parsed == nil {
+		// The controller parsed it, so the controller reports it.
+		names, _ := s.names()
+		s.report.Loaded(pair.Leaf, "controller", c.opts.name, "role", s.role, "names", names)
 	}
 	return res
+}
+
+// load returns the pair to serve for new content: the provider's own parse
+// result, checked against the controller's clock, or the content parsed
+// here.
+func (s *certSlot) load(c *DynamicServingCertificateController, certPEM, keyPEM []byte, parsed *tls.Certificate, now time.Time) (*pki.KeyPair, error) {
+	if parsed != nil && parsed.Leaf != nil {
+		if err := pki.CheckValidity(parsed.Leaf, now); err != nil {
+			return nil, err
+		}
+		return &pki.KeyPair{TLS: *parsed, Leaf: parsed.Leaf}, nil
+	}
+	if c.onParse != nil {
+		c.onParse(s.name)
+	}
+	return pki.ParseCertKey(certPEM, keyPEM, now)
 }
 
 // names returns the names the slot claims in the SNI index and whether they
@@ -175,6 +211,8 @@ func (s *certSlot) names() ([]string, bool) {
 type caSlot struct {
 	provider dynamiccertificates.CAContentProvider
 	name     string
+	// report reports the bundles the controller rejects.
+	report *certreport.Reporter
 
 	// loaded is true once a bundle was accepted; pool and certs are the
 	// last good bundle's.
@@ -188,20 +226,21 @@ type caSlot struct {
 
 	badBundle []byte
 	badErr    error
-	rejected  errlog.Once // logs each distinct rejection once
 }
 
 // refresh reads the provider's current bundle. An empty bundle is accepted
 // and means "no client CA": as upstream notes, the server stays secure, and
 // with an empty pool any presented client certificate is rejected. An
-// invalid bundle is counted and logged once and the last good pool is kept.
+// invalid bundle is reported once per distinct bundle and error, and the
+// last good pool is kept. A bundle that loads is logged at V(2) only: a
+// change of bundle is reported by the provider.
 func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 	s.name = s.provider.Name()
 	bundle := s.provider.CurrentCABundleContent()
 
 	if s.loaded && sameBytes(bundle, s.bundle) {
 		s.badBundle, s.badErr = nil, nil
-		s.rejected.Reset()
+		s.report.Succeeded()
 		return refreshResult{}
 	}
 	if s.badErr != nil && sameBytes(bundle, s.badBundle) {
@@ -220,9 +259,7 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 		pool = x509.NewCertPool()
 	} else if pool, certs, err = pki.NewPool(bundle); err != nil {
 		err = fmt.Errorf("client CA bundle from provider %q rejected: %w", s.name, err)
-		certmetrics.LoadError(s.name)
-		s.rejected.Error(klog.Background(), err, "Rejected new client CA bundle", "controller", c.opts.name,
-			"provider", s.name, "keepingLastGood", s.loaded)
+		s.report.Failed(certreport.WithContent(err, bundle), "controller", c.opts.name, "keepingLastGood", s.loaded)
 		s.badBundle, s.badErr = bundle, err
 		return refreshResult{err: err}
 	}
@@ -233,7 +270,7 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 		s.descs[i] = describe(s.name, RoleClientCA, cert)
 	}
 	s.badBundle, s.badErr = nil, nil
-	s.rejected.Reset()
+	s.report.Succeeded()
 	if logger := klog.V(2); logger.Enabled() {
 		subjects := make([]string, len(certs))
 		for i, cert := range certs {

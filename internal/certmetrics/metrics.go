@@ -28,14 +28,14 @@ var (
 	rotations = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace:      namespace,
 		Name:           "certificate_rotations_total",
-		Help:           "Number of times a provider's served certificate changed after the first load.",
+		Help:           "Number of times the certificate (or CA bundle) a provider serves changed after its first load; each change is counted once, by the component that parsed it.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"provider"})
 
 	loadErrors = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace:      namespace,
 		Name:           "certificate_load_errors_total",
-		Help:           "Number of times a provider's new content was rejected; the last good certificate kept being served.",
+		Help:           "Number of distinct load failures of a provider (content rejected, or a read of it failed) while the last good content kept being served. A failure retried with the same error and the same content counts once; it counts again when the error or the content changes, or after a success.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"provider"})
 
@@ -68,12 +68,6 @@ var (
 	}, []string{"provider"})
 
 	registerOnce sync.Once
-
-	// served remembers what each provider served last, so that a provider
-	// and the sni controller serving it can both report a load without the
-	// rotation being counted twice.
-	servedMu sync.Mutex
-	served   = map[string]string{}
 )
 
 // Register registers every evercert metric with the legacyregistry. It is
@@ -85,21 +79,14 @@ func Register() {
 	})
 }
 
-// CertificateLoaded records that provider now serves the content identified
-// by id (a certificate's serial number, say) that expires at notAfter. A
-// rotation is counted when id differs from the one last recorded for
-// provider; reporting the same id again changes nothing.
-func CertificateLoaded(provider, id string, notAfter time.Time) {
+// CertificateLoaded records that provider now serves content that expires
+// at notAfter. rotated is false for the provider's first content and true
+// when it replaces earlier content, which counts one rotation. The caller
+// reports each change exactly once: there is no de-duplication here.
+func CertificateLoaded(provider string, notAfter time.Time, rotated bool) {
 	Register()
-	servedMu.Lock()
-	prev, seen := served[provider]
-	served[provider] = id
-	servedMu.Unlock()
-	if seen && prev == id {
-		return
-	}
 	expiration.WithLabelValues(provider).Set(float64(notAfter.Unix()))
-	if seen {
+	if rotated {
 		rotations.WithLabelValues(provider).Inc()
 	} else {
 		// Make the series exist at 0 so alerts on rate() work from the start.
@@ -108,7 +95,9 @@ func CertificateLoaded(provider, id string, notAfter time.Time) {
 	loadErrors.WithLabelValues(provider).Add(0)
 }
 
-// LoadError records that provider's new content was rejected.
+// LoadError records one distinct load failure of provider. What is distinct
+// is decided by internal/certreport, its only caller, so that every
+// component counts failures the same way.
 func LoadError(provider string) {
 	Register()
 	loadErrors.WithLabelValues(provider).Inc()

@@ -10,22 +10,21 @@ import (
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 )
 
-func TestCertificateLoadedCountsEachRotationOnce(t *testing.T) {
+func TestCertificateLoadedCountsRotations(t *testing.T) {
 	const p = "metrics-test"
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	certmetrics.CertificateLoaded(p, "a", at)
-	assert.Zero(t, certmetricstest.Rotations(t, p), "the first load is not a rotation")
-	assert.Zero(t, certmetricstest.LoadErrors(t, p))
+	rotationsBefore, errorsBefore := certmetricstest.Rotations(t, p), certmetricstest.LoadErrors(t, p)
+	certmetrics.CertificateLoaded(p, at, false)
+	assert.Equal(t, rotationsBefore, certmetricstest.Rotations(t, p), "the first load is not a rotation")
+	assert.Equal(t, errorsBefore, certmetricstest.LoadErrors(t, p))
 	assert.Equal(t, float64(at.Unix()), certmetricstest.Value(t, "evercert_certificate_expiration_timestamp_seconds", map[string]string{"provider": p}))
 
-	// The provider and the sni controller serving it both report: one rotation.
-	certmetrics.CertificateLoaded(p, "b", at.Add(time.Hour))
-	certmetrics.CertificateLoaded(p, "b", at.Add(time.Hour))
-	assert.Equal(t, 1.0, certmetricstest.Rotations(t, p))
+	certmetrics.CertificateLoaded(p, at.Add(time.Hour), true)
+	assert.Equal(t, rotationsBefore+1, certmetricstest.Rotations(t, p))
 	assert.Equal(t, float64(at.Add(time.Hour).Unix()), certmetricstest.Value(t, "evercert_certificate_expiration_timestamp_seconds", map[string]string{"provider": p}))
 
 	certmetrics.LoadError(p)
-	assert.Equal(t, 1.0, certmetricstest.LoadErrors(t, p))
+	assert.Equal(t, errorsBefore+1, certmetricstest.LoadErrors(t, p))
 	certmetrics.LoopbackSelfcheck(true)
 	certmetrics.LoopbackSelfcheck(false)
 	assert.Equal(t, 1.0, certmetricstest.Value(t, "evercert_loopback_selfcheck_total", map[string]string{"result": "error"}))

@@ -25,20 +25,22 @@ type Once struct {
 	// state is "" while healthy, errorPrefix+the error's text while
 	// failing, or the state given to Info.
 	state string
-	err   error // the error of an error state, nil otherwise
+	key   string // failureKey of err
+	err   error  // the error of an error state, nil otherwise
 }
 
 // Error records err and logs it, with msg and keysAndValues, at error level
-// unless the condition last logged is an error with the same text: a
+// unless the condition last logged is the same failure: an error with the
+// same text and, when WithContent marked it, about the same content. A
 // failure that comes back at every retry is logged once, and a different
 // one is logged again. It reports whether it logged. err must not be nil.
 // The error is logged as is: it must name its source and hold no secret
 // (private keys, PEM).
 func (o *Once) Error(logger klog.Logger, err error, msg string, keysAndValues ...any) bool {
-	state := errorPrefix + err.Error()
+	state, key := errorPrefix+err.Error(), failureKey(err)
 	o.mu.Lock()
-	changed := o.state != state
-	o.state, o.err = state, err
+	changed := o.state != state || o.key != key
+	o.state, o.key, o.err = state, key, err
 	o.mu.Unlock()
 	if changed {
 		logger.Error(err, msg, keysAndValues...)
@@ -53,7 +55,7 @@ func (o *Once) Error(logger klog.Logger, err error, msg string, keysAndValues ..
 func (o *Once) Info(logger klog.Logger, state, msg string, keysAndValues ...any) bool {
 	o.mu.Lock()
 	changed := o.state != state
-	o.state, o.err = state, nil
+	o.state, o.key, o.err = state, "", nil
 	o.mu.Unlock()
 	if changed {
 		logger.Info(msg, keysAndValues...)
@@ -80,7 +82,7 @@ func (o *Once) Reset() (wasError bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	wasError = o.err != nil
-	o.state, o.err = "", nil
+	o.state, o.key, o.err = "", "", nil
 	return wasError
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
@@ -24,6 +25,16 @@ type Issued struct {
 	Key     crypto.Signer
 	CertPEM []byte
 	KeyPEM  []byte
+}
+
+// KeyPair returns the certificate and key ready to serve, as ParseCertKey
+// would return them for CertPEM and KeyPEM, without parsing anything: the
+// chain is the certificate alone.
+func (i *Issued) KeyPair() *KeyPair {
+	return &KeyPair{
+		TLS:  tls.Certificate{Certificate: [][]byte{i.Cert.Raw}, PrivateKey: i.Key, Leaf: i.Cert},
+		Leaf: i.Cert,
+	}
 }
 
 // Request describes a certificate to issue.

@@ -1,0 +1,29 @@
+package dynamiccert
+
+import "github.com/evercert/evercert/internal/certreport"
+
+// Reasons of the Kubernetes Events evercert sends. Every provider config
+// has the same two optional fields for them: EventRecorder
+// (k8s.io/client-go/tools/events) and EventObject, the object the Events
+// are about (the Pod, say; providers reading a Secret default to it). The
+// sni controller takes the same pair (sni.WithEventRecorder), and the
+// cabundle publisher sends its own reasons about the objects it publishes
+// to.
+//
+// Events follow what is logged and counted: one CertificateRotated Event
+// per certificate change (not for the first certificate), and one
+// CertificateLoadFailed Event per distinct load failure, as counted in
+// evercert_certificate_load_errors_total; a failure retried with the same
+// error and the same content sends no further Event.
+const (
+	// ReasonCertificateRotated (Normal): a provider serves a new
+	// certificate in place of an earlier one.
+	ReasonCertificateRotated = certreport.ReasonCertificateRotated
+	// ReasonCertificateLoadFailed (Warning): a provider's new content, or
+	// reading it, failed; the last good content is still served.
+	ReasonCertificateLoadFailed = certreport.ReasonCertificateLoadFailed
+	// ReasonUnsafeCARotation (Warning): a CA signed before every observer
+	// confirmed it, because no observed CA was valid any more; clients must
+	// refresh their trust.
+	ReasonUnsafeCARotation = certreport.ReasonUnsafeCARotation
+)

@@ -1,0 +1,176 @@
+// Package certreport turns what happens to the content a certificate
+// provider serves into what operators see: log lines, metrics and
+// Kubernetes Events. It exists so that each change and each failure is
+// reported exactly once, by one owner: the component that parsed the
+// content. evercert's providers parse (and so report) their own content; the
+// sni controller reports only the content it had to parse itself, that of
+// providers from outside evercert.
+//
+// A change of certificate is one Info line at the default verbosity
+// (provider, subject, serial, NotAfter, issuer; never key material or PEM),
+// one update of evercert_certificate_expiration_timestamp_seconds, one
+// increment of evercert_certificate_rotations_total when it replaces an
+// earlier certificate, and then one Normal Event (ReasonCertificateRotated).
+//
+// A load failure is counted in evercert_certificate_load_errors_total,
+// logged at error level and sent as a Warning Event
+// (ReasonCertificateLoadFailed) once per distinct failure: a failure is
+// distinct when its error message or the content it was about (see
+// WithContent) differs from the previous failure's, or when a success came
+// in between. Retrying the same bad file, the same bad Secret or the same API
+// error any number of times is one failure.
+package certreport
+
+import (
+	"crypto/x509"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/errlog"
+)
+
+// Event reasons and actions. The reasons are re-exported by dynamiccert,
+// where users look for them.
+const (
+	// ReasonCertificateRotated (Normal): a provider serves a new
+	// certificate in place of an earlier one.
+	ReasonCertificateRotated = "CertificateRotated"
+	// ReasonCertificateLoadFailed (Warning): a provider's new content, or
+	// reading it, failed; the last good certificate is still served.
+	ReasonCertificateLoadFailed = "CertificateLoadFailed"
+	// ReasonUnsafeCARotation (Warning): a CA signed before every observer
+	// confirmed it, because no observed CA was valid any more.
+	ReasonUnsafeCARotation = "UnsafeCARotation"
+
+	// ActionRotate is the action of rotation Events; ActionLoad that of load
+	// failures.
+	ActionRotate = "Rotate"
+	ActionLoad   = "Load"
+)
+
+// maxNote is the longest Event note the API server accepts (events.k8s.io
+// validation: 1 KiB).
+const maxNote = 1024
+
+// Reporter reports one provider's changes and failures. The zero value is
+// not usable: create it with New. It is safe for concurrent use.
+type Reporter struct {
+	provider string
+	recorder events.EventRecorder
+	object   runtime.Object
+
+	// failures tells distinct failures from retries of the last one.
+	failures errlog.Once
+
+	mu     sync.Mutex
+	loaded bool // a certificate was reported: the next one is a rotation
+}
+
+// New returns a Reporter for provider. Events are sent when both recorder
+// and object (the object they are about: the Pod, the Secret the content
+// comes from) are set; either may be nil to send none.
+func New(provider string, recorder events.EventRecorder, object runtime.Object) *Reporter {
+	return &Reporter{provider: provider, recorder: recorder, object: object}
+}
+
+// Provider returns the provider name the Reporter reports for.
+func (r *Reporter) Provider() string { return r.provider }
+
+// Loaded reports that the provider now serves leaf: one Info line with the
+// leaf's subject, serial, NotAfter and issuer plus keysAndValues, the
+// metrics, and on a rotation (not the first certificate) a Normal Event. The
+// caller must report each change once; reporting the same certificate again
+// would count another rotation.
+func (r *Reporter) Loaded(leaf *x509.Certificate, keysAndValues ...any) {
+	r.mu.Lock()
+	rotated := r.loaded
+	r.loaded = true
+	r.mu.Unlock()
+
+	certmetrics.CertificateLoaded(r.provider, leaf.NotAfter, rotated)
+	serial := leaf.SerialNumber.Text(16)
+	notAfter := leaf.NotAfter.UTC().Format(time.RFC3339)
+	klog.InfoS("Loaded certificate", append([]any{"provider", r.provider,
+		"subject", leaf.Subject.CommonName, "serial", serial, "notAfter", notAfter,
+		"issuer", leaf.Issuer.CommonName, "rotated", rotated}, keysAndValues...)...)
+	if rotated {
+		r.Event(corev1.EventTypeNormal, ReasonCertificateRotated, ActionRotate,
+			fmt.Sprintf("provider %s serves a new certificate: subject %q, serial %s, issuer %q, valid until %s",
+				r.provider, leaf.Subject.CommonName, serial, leaf.Issuer.CommonName, notAfter))
+	}
+}
+
+// BundleLoaded reports that the provider now serves the CA bundle certs:
+// one Info line (the number of CAs, their subjects, the latest NotAfter)
+// and the metrics, whose expiration is the latest NotAfter: the bundle is
+// useful until its last CA expires, and an expired CA is expected in it
+// during a rotation. No Event: a bundle change is not a certificate change.
+func (r *Reporter) BundleLoaded(certs []*x509.Certificate, keysAndValues ...any) {
+	r.mu.Lock()
+	rotated := r.loaded
+	r.loaded = true
+	r.mu.Unlock()
+
+	var notAfter time.Time
+	subjects := make([]string, len(certs))
+	for i, c := range certs {
+		if c.NotAfter.After(notAfter) {
+			notAfter = c.NotAfter
+		}
+		subjects[i] = c.Subject.CommonName
+	}
+	certmetrics.CertificateLoaded(r.provider, notAfter, rotated)
+	klog.InfoS("Loaded CA bundle", append([]any{"provider", r.provider,
+		"certificates", len(certs), "subjects", subjects, "notAfter", notAfter.UTC().Format(time.RFC3339),
+		"rotated", rotated}, keysAndValues...)...)
+}
+
+// Failed records err, which must name the source, as the provider's newest
+// failure. A distinct failure (see the package documentation) is counted,
+// logged with keysAndValues and sent as a Warning Event, and Failed returns
+// true; a repeat of the previous failure only updates LastError.
+func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
+	// Errors name the source and carry subjects and dates at most, never
+	// key material or PEM (pki's errors are written so), so they are safe
+	// to log and to send.
+	if !r.failures.Error(klog.Background(), err, "Rejected new content; the last good content, if any, is still served",
+		append([]any{"provider", r.provider}, keysAndValues...)...) {
+		return false
+	}
+	certmetrics.LoadError(r.provider)
+	r.Event(corev1.EventTypeWarning, ReasonCertificateLoadFailed, ActionLoad,
+		fmt.Sprintf("provider %s: %v; the last good content, if any, is still served", r.provider, err))
+	return true
+}
+
+// Succeeded records a successful load and reports whether it ended a
+// failure; a failure after it is distinct again.
+func (r *Reporter) Succeeded() (recovered bool) { return r.failures.Reset() }
+
+// LastError returns the newest failure, or nil if the last load succeeded.
+func (r *Reporter) LastError() error { return r.failures.Err() }
+
+// Event sends an Event about the configured object, if there is a recorder
+// and an object. note is sent as is (not as a format), cut to the length the
+// API server accepts.
+func (r *Reporter) Event(eventtype, reason, action, note string) {
+	if r.recorder == nil || r.object == nil {
+		return
+	}
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	r.recorder.Eventf(r.object, nil, eventtype, reason, action, "%s", note)
+}
+
+// WithContent returns err marked as being about content, so that a new bad
+// content with the same message is a distinct failure; see
+// errlog.WithContent.
+func WithContent(err error, content ...[]byte) error { return errlog.WithContent(err, content...) }
