@@ -50,8 +50,8 @@ type issuer struct {
 	leafPair *pki.KeyPair // leaf, ready to serve
 	// alts are the leaves of cfg.keyTypes[1:], in that order, issued and
 	// replaced together with leaf; empty with a single key type.
-	alts   []*pki.Issued
-	leafCA []byte // raw certificate of the CA that signed leaf and alts
+	alts     []*pki.Issued
+	leafCA   []byte // raw certificate of the CA that signed leaf and alts
 	bundle   []byte
 	pool     *x509.CertPool
 	unsafe   int
