@@ -161,9 +161,9 @@ func (p *FileCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Certif
 	return p.cur.Load().parsed()
 }
 
-// Current returns the parsed pair last loaded successfully, or nil before
+// current returns the parsed pair last loaded successfully, or nil before
 // the first successful load. It must not be modified.
-func (p *FileCertKey) Current() *pki.KeyPair {
+func (p *FileCertKey) current() *pki.KeyPair {
 	c := p.cur.Load()
 	if c == nil {
 		return nil

@@ -69,7 +69,7 @@ func waitServesLeaf(t *testing.T, p *FileCertKey, leaf *tlstest.Leaf) {
 	cert, key := p.CurrentCertKeyContent()
 	assert.Equal(t, string(leaf.CertPEM), string(cert), "the chain, without the key")
 	assert.Equal(t, string(leaf.KeyPEM), string(key), "the key, without the chain")
-	assert.Len(t, p.Current().TLS.Certificate, 2, "leaf and intermediate")
+	assert.Len(t, p.current().TLS.Certificate, 2, "leaf and intermediate")
 }
 
 // TestFileCertKeyOneFile reads a podCertificate credential bundle (key and
@@ -160,7 +160,7 @@ func TestFileCertKeyOneFileLayouts(t *testing.T) {
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)
 				assert.ErrorContains(t, err, path)
-				assert.Nil(t, p.Current())
+				assert.Nil(t, p.current())
 				return
 			}
 			require.NoError(t, err)

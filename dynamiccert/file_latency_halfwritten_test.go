@@ -74,7 +74,7 @@ func servingServer(t *testing.T, p *FileCertKey) string {
 	return tlstest.Server(t, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			kp := p.Current()
+			kp := p.current()
 			if kp == nil {
 				return nil, errors.New("nothing to serve")
 			}

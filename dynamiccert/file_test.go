@@ -108,7 +108,7 @@ func loadErrorCount(t testing.TB, provider string) float64 {
 }
 
 func servedSerial(p *FileCertKey) *big.Int {
-	if kp := p.Current(); kp != nil {
+	if kp := p.current(); kp != nil {
 		return kp.Leaf.SerialNumber
 	}
 	return nil
@@ -117,7 +117,7 @@ func servedSerial(p *FileCertKey) *big.Int {
 // assertServes checks that every accessor agrees on leaf being served.
 func assertServes(t testing.TB, p *FileCertKey, leaf *pki.Issued) {
 	t.Helper()
-	kp := p.Current()
+	kp := p.current()
 	require.NotNil(t, kp)
 	assert.Equal(t, 0, kp.Leaf.SerialNumber.Cmp(leaf.Cert.SerialNumber), "served serial")
 	cert, key := p.CurrentCertKeyContent()
@@ -208,7 +208,7 @@ func TestNewFileCertKeyConfig(t *testing.T) {
 	assert.Equal(t, DefaultFileResyncInterval, p.src.resync)
 	assert.True(t, filepath.IsAbs(p.src.paths[0]))
 	assert.False(t, p.oneFile)
-	assert.Nil(t, p.Current())
+	assert.Nil(t, p.current())
 	c, k := p.CurrentCertKeyContent()
 	assert.Nil(t, c)
 	assert.Nil(t, k)
@@ -232,7 +232,7 @@ func TestFileCertKeyRunOnceWithoutFiles(t *testing.T) {
 	assert.Contains(t, err.Error(), certPath)
 	assert.Equal(t, err, p.LastError())
 	assert.Equal(t, before+1, loadErrorCount(t, p.Name()))
-	assert.Nil(t, p.Current())
+	assert.Nil(t, p.current())
 
 	// Still usable: the files appear and the next load takes them.
 	leaf := fileLeaf(t)
@@ -707,7 +707,7 @@ func TestFileCertKeyBecomesValidOnResync(t *testing.T) {
 	require.ErrorIs(t, p.RunOnce(context.Background()), pki.ErrNotYetValid)
 	startRun(t, p.src, p.Run)
 	require.Eventually(t, fake.HasWaiters, fileWait, fileTick)
-	assert.Nil(t, p.Current())
+	assert.Nil(t, p.current())
 
 	fake.Step(time.Hour)
 	waitServes(t, p, future)

@@ -247,8 +247,8 @@ func (p *SecretCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Cert
 	return p.cur.Load().parsed()
 }
 
-// Current returns the parsed last good pair, or nil.
-func (p *SecretCertKey) Current() *pki.KeyPair {
+// current returns the parsed last good pair, or nil.
+func (p *SecretCertKey) current() *pki.KeyPair {
 	if c := p.cur.Load(); c != nil {
 		return c.pair
 	}

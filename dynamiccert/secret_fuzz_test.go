@@ -3,6 +3,7 @@ package dynamiccert_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"strings"
 	"testing"
@@ -153,14 +154,14 @@ func FuzzSecretData(f *testing.F) {
 		}
 		if err := certKey.RunOnce(ctx); err != nil {
 			checkErr("fresh cert/key", err)
-			if c, k := certKey.CurrentCertKeyContent(); c != nil || k != nil || certKey.Current() != nil {
+			if c, k := certKey.CurrentCertKeyContent(); c != nil || k != nil || parsedPair(certKey) != nil {
 				t.Fatal("fresh cert/key: content served after a failed load")
 			}
 			if certKey.LastError() == nil {
 				t.Fatal("fresh cert/key: LastError is nil after a failure")
 			}
 		} else {
-			if c, k := certKey.CurrentCertKeyContent(); !bytes.Equal(c, crt) || !bytes.Equal(k, key) || certKey.Current() == nil {
+			if c, k := certKey.CurrentCertKeyContent(); !bytes.Equal(c, crt) || !bytes.Equal(k, key) || parsedPair(certKey) == nil {
 				t.Fatal("fresh cert/key: loaded content differs from the secret")
 			}
 			if certKey.LastError() != nil {
@@ -201,7 +202,7 @@ func FuzzSecretData(f *testing.F) {
 			if c, k := certKey.CurrentCertKeyContent(); !bytes.Equal(c, leaf.CertPEM) || !bytes.Equal(k, leaf.KeyPEM) {
 				t.Fatal("loaded cert/key: served content changed after a failed load")
 			}
-			if cur := certKey.Current(); cur == nil || !bytes.Equal(cur.Leaf.Raw, leaf.Cert.Raw) {
+			if cur := parsedPair(certKey); cur == nil || !bytes.Equal(cur.Leaf.Raw, leaf.Cert.Raw) {
 				t.Fatal("loaded cert/key: parsed pair changed after a failed load")
 			}
 		} else if c, k := certKey.CurrentCertKeyContent(); !bytes.Equal(c, crt) || !bytes.Equal(k, key) {
@@ -219,4 +220,10 @@ func FuzzSecretData(f *testing.F) {
 			t.Fatal("loaded CA: new content not served after a success")
 		}
 	})
+}
+
+// parsedPair returns the pair p serves, nil before its first good load.
+func parsedPair(p *dynamiccert.SecretCertKey) *tls.Certificate {
+	_, _, c := p.CurrentParsedCertKeyContent()
+	return c
 }

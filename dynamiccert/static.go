@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
@@ -26,23 +27,39 @@ var (
 	_ dynamiccertificates.SNICertKeyContentProvider = &StaticCertKey{}
 )
 
-// NewStaticCertKey validates certPEM and keyPEM (structure, and that the key
-// matches the certificate; validity dates are checked by whoever serves it,
-// against its own clock) and returns a provider for them. sniNames, when
-// given, replace the names taken from the certificate for SNI selection.
-func NewStaticCertKey(name string, certPEM, keyPEM []byte, sniNames ...string) (*StaticCertKey, error) {
-	pair, err := pki.ParseCertKey(certPEM, keyPEM, zeroTime)
+// StaticCertKeyConfig configures a StaticCertKey.
+type StaticCertKeyConfig struct {
+	// Name identifies the provider in logs, metrics and Events. Required.
+	Name string
+	// Cert is the PEM certificate chain, leaf first. Required.
+	Cert []byte
+	// Key is the PEM private key matching Cert. Required.
+	Key []byte
+	// SNINames, when set, replace the names taken from the certificate for
+	// SNI selection. Default none.
+	SNINames []string
+}
+
+// NewStaticCertKey validates cfg.Cert and cfg.Key (structure, chain order,
+// and that the key matches the certificate; validity dates are checked by
+// whoever serves it, against its own clock) and returns a provider for them.
+// It copies what it keeps.
+func NewStaticCertKey(cfg StaticCertKeyConfig) (*StaticCertKey, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("StaticCertKeyConfig.Name is required")
+	}
+	pair, err := pki.ParseCertKey(cfg.Cert, cfg.Key, zeroTime)
 	if err != nil {
-		return nil, fmt.Errorf("loading static certificate %q: %w", name, err)
+		return nil, fmt.Errorf("loading static certificate %q (StaticCertKeyConfig.Cert, .Key): %w", cfg.Name, err)
 	}
 	// The provider parsed it, so it reports it: the sni controller serving
 	// it does not.
-	newReporter(name, nil, nil).Loaded(pair.Leaf, "source", "static")
+	newReporter(cfg.Name, nil, nil).Loaded(pair.Leaf, "source", "static")
 	return &StaticCertKey{
-		name:     name,
-		certPEM:  bytes.Clone(certPEM),
-		keyPEM:   bytes.Clone(keyPEM),
-		sniNames: append([]string(nil), sniNames...),
+		name:     cfg.Name,
+		certPEM:  bytes.Clone(cfg.Cert),
+		keyPEM:   bytes.Clone(cfg.Key),
+		sniNames: append([]string(nil), cfg.SNINames...),
 		pair:     pair,
 	}, nil
 }
@@ -64,8 +81,8 @@ func (s *StaticCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Cert
 	return s.certPEM, s.keyPEM, &s.pair.TLS
 }
 
-// Current returns the parsed key pair.
-func (s *StaticCertKey) Current() *pki.KeyPair { return s.pair }
+// current returns the parsed key pair.
+func (s *StaticCertKey) current() *pki.KeyPair { return s.pair }
 
 // AddListener does nothing: static content never changes.
 func (s *StaticCertKey) AddListener(dynamiccertificates.Listener) {}

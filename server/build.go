@@ -140,7 +140,12 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 	if err != nil {
 		return nil, err
 	}
-	s.Controller = sni.NewDynamicServingCertificateController(base, s.ClientCA, s.Serving, s.SNI, sni.WithClock(o.Clock))
+	s.Controller, err = sni.NewDynamicServingCertificateController(sni.ControllerConfig{
+		Base: base, ClientCA: s.ClientCA, Serving: s.Serving, SNI: s.SNI, Clock: o.Clock,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

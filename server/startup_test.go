@@ -103,11 +103,15 @@ func TestServeReturnsServeTLSError(t *testing.T) {
 	o.SecurePort = 0
 	s, err := o.Build()
 	require.NoError(t, err)
-	s.Controller = sni.NewDynamicServingCertificateController(&tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA},
-		NextProtos:   []string{"h2", "http/1.1"},
-	}, s.ClientCA, s.Serving, s.SNI)
+	s.Controller, err = sni.NewDynamicServingCertificateController(sni.ControllerConfig{
+		Base: &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA},
+			NextProtos:   []string{"h2", "http/1.1"},
+		},
+		ClientCA: s.ClientCA, Serving: s.Serving, SNI: s.SNI,
+	})
+	require.NoError(t, err)
 	before := servingGoroutines()
 	err = serveUntilReturn(t, s)
 	require.Error(t, err)

@@ -82,7 +82,7 @@ func BenchmarkGetConfigForClient(b *testing.B) {
 	hello := &tls.ClientHelloInfo{ServerName: "host-1.example.test"}
 
 	b.Run("evercert", func(b *testing.B) {
-		c := NewDynamicServingCertificateController(base, nil, serving, sniCerts)
+		c := newController(b, ControllerConfig{Base: base, Serving: serving, SNI: sniCerts})
 		if err := c.RunOnce(context.Background()); err != nil {
 			b.Fatal(err)
 		}
@@ -141,8 +141,11 @@ func BenchmarkHandshake(b *testing.B) {
 	f := benchCerts(b)
 	for _, kt := range []pki.KeyType{pki.ECDSAP256, pki.RSA2048} {
 		iss := f.serving[kt]
-		evercert := NewDynamicServingCertificateController(&tls.Config{MinVersion: tls.VersionTLS12}, nil,
-			staticCertKey(b, iss), []dynamiccertificates.SNICertKeyContentProvider{staticSNI(b, f.sni[0], "sni-0")})
+		evercert := newController(b, ControllerConfig{
+			Base:    &tls.Config{MinVersion: tls.VersionTLS12},
+			Serving: staticCertKey(b, iss),
+			SNI:     []dynamiccertificates.SNICertKeyContentProvider{staticSNI(b, f.sni[0], "sni-0")},
+		})
 		if err := evercert.RunOnce(context.Background()); err != nil {
 			b.Fatal(err)
 		}
@@ -241,7 +244,7 @@ func scaleFor(b *testing.B, n int) *scaleController {
 		sc.providers = append(sc.providers, p)
 		sniCerts[i] = p
 	}
-	sc.c = NewDynamicServingCertificateController(nil, nil, staticCertKey(b, f.serving[pki.ECDSAP256]), sniCerts)
+	sc.c = newController(b, ControllerConfig{Serving: staticCertKey(b, f.serving[pki.ECDSAP256]), SNI: sniCerts})
 	if err := sc.c.RunOnce(context.Background()); err != nil {
 		b.Fatal(err)
 	}

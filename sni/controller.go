@@ -72,31 +72,18 @@ var _ dynamiccertificates.Listener = &DynamicServingCertificateController{}
 var _ dynamiccertificates.Notifier = &DynamicServingCertificateController{}
 
 // NewDynamicServingCertificateController returns a controller serving the
-// certificates of serving and sniCerts, verifying client certificates
-// against clientCA.
+// certificates of cfg.Serving and cfg.SNI, verifying client certificates
+// against cfg.ClientCA. It fails, naming the field, when cfg is invalid.
 //
-// base is the static part of every served config; it is cloned, so later
-// changes to it have no effect. A nil base means a config with MinVersion
-// TLS 1.2 and nothing else. clientCA and serving may be nil, and nil entries
-// in sniCerts are skipped. Providers may be evercert's or upstream's.
-//
-// The controller registers itself as a listener on every provider here,
+// The controller registers itself as a listener on every provider in cfg,
 // once; it does not run the providers, which is their owner's job. Nothing
 // is loaded until RunOnce or Run.
-func NewDynamicServingCertificateController(
-	base *tls.Config,
-	clientCA dynamiccertificates.CAContentProvider,
-	serving dynamiccertificates.CertKeyContentProvider,
-	sniCerts []dynamiccertificates.SNICertKeyContentProvider,
-	opts ...Option,
-) *DynamicServingCertificateController {
-	o := defaultOptions()
-	for _, opt := range opts {
-		opt(&o)
+func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServingCertificateController, error) {
+	o, base, err := cfg.complete()
+	if err != nil {
+		return nil, err
 	}
-	if base == nil {
-		base = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+	clientCA, serving, sniCerts := cfg.ClientCA, cfg.Serving, cfg.SNI
 	c := &DynamicServingCertificateController{
 		opts: o,
 		base: base.Clone(),
@@ -107,8 +94,8 @@ func NewDynamicServingCertificateController(
 	}
 
 	switch {
-	case o.clientAuthSet:
-		c.clientAuth = o.clientAuth
+	case cfg.ClientAuth != tls.NoClientCert:
+		c.clientAuth = cfg.ClientAuth
 	case base.ClientAuth != tls.NoClientCert:
 		c.clientAuth = base.ClientAuth
 	case clientCA != nil:
@@ -150,7 +137,7 @@ func NewDynamicServingCertificateController(
 			alt.AddListener(c)
 		}
 	}
-	return c
+	return c, nil
 }
 
 // GetConfigForClient implements tls.Config.GetConfigForClient. It returns
@@ -237,7 +224,7 @@ func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error
 // Run syncs once if RunOnce has not succeeded yet, then processes
 // notifications until ctx is done, and returns after its goroutines have
 // stopped. It also re-reads the providers every resync interval (see
-// WithResyncInterval). Only one worker ever runs, whatever workers says:
+// ControllerConfig.ResyncInterval). Only one worker ever runs, whatever workers says:
 // a sync covers all providers, so more workers could not do more work.
 // Run must be called at most once; it shuts the work queue down on return.
 func (c *DynamicServingCertificateController) Run(ctx context.Context, workers int) {

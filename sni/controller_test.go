@@ -48,8 +48,12 @@ func TestRotationThroughRun(t *testing.T) {
 	// Metrics are process-global: compare deltas, so -count=N works.
 	rotationsBefore := metricValue(t, "evercert_certificate_rotations_total", t.Name()+"/serving")
 	sni := newMutable(t.Name()+"/sni", sniFirst)
-	c := NewDynamicServingCertificateController(nil, nil, serving,
-		[]dynamiccertificates.SNICertKeyContentProvider{sni}, WithClock(clk), WithName("rotation-test"))
+	c := newController(t, ControllerConfig{
+		Serving: serving,
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{sni},
+		Clock:   clk,
+		Name:    "rotation-test",
+	})
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
 	runController(t, c) // Run primes the controller itself
@@ -100,8 +104,10 @@ func TestBadContentKeepsLastGood(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			name := t.Name()
 			p := newMutable(name, good, "svc.test")
-			c := NewDynamicServingCertificateController(nil, nil, nil,
-				[]dynamiccertificates.SNICertKeyContentProvider{p}, WithClock(clk))
+			c := newController(t, ControllerConfig{
+				SNI:   []dynamiccertificates.SNICertKeyContentProvider{p},
+				Clock: clk,
+			})
 			parses := countParses(c)
 			_, err := c.sync()
 			require.NoError(t, err)
@@ -148,8 +154,11 @@ func TestNeverValidProviderIsLeftOut(t *testing.T) {
 	bad := newMutable(t.Name()+"/bad", nil, "bad.test")
 	bad.setQuietly([]byte("x"), []byte("y"))
 	before := loadErrors(t, t.Name()+"/bad")
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving", serving),
-		[]dynamiccertificates.SNICertKeyContentProvider{bad}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("serving", serving),
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{bad},
+		Clock:   clk,
+	})
 	require.NoError(t, c.RunOnce(context.Background()))
 	assert.Equal(t, before+1, loadErrors(t, t.Name()+"/bad"))
 	require.Len(t, c.Served(), 1)
@@ -163,8 +172,11 @@ func TestNotYetValidIsRetried(t *testing.T) {
 	serving := issueLeaf(t, ca, leafSpec{cn: "default.test", now: clk.Now()})
 	future := issueLeaf(t, ca, leafSpec{cn: "future.test", dns: []string{"future.test"}, now: clk.Now().Add(time.Hour)})
 	name := t.Name() + "/future"
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving", serving),
-		[]dynamiccertificates.SNICertKeyContentProvider{newMutable(name, future)}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("serving", serving),
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{newMutable(name, future)},
+		Clock:   clk,
+	})
 	parses := countParses(c)
 	before := loadErrors(t, name)
 
@@ -196,7 +208,7 @@ func TestUnchangedProviderIsNotReparsed(t *testing.T) {
 	}
 	servingIss := issueLeaf(t, ca, leafSpec{cn: "default.test", now: clk.Now()})
 	serving := newMutable("serving", servingIss)
-	c := NewDynamicServingCertificateController(nil, nil, serving, providers, WithClock(clk))
+	c := newController(t, ControllerConfig{Serving: serving, SNI: providers, Clock: clk})
 	parses := countParses(c)
 	swaps := make(chanListener, 1)
 	c.AddListener(swaps)
@@ -246,8 +258,11 @@ func TestExplicitNamesChange(t *testing.T) {
 	serving := issueLeaf(t, ca, leafSpec{cn: "default.test", now: clk.Now()})
 	iss := issueLeaf(t, ca, leafSpec{cn: "a.test", now: clk.Now()})
 	p := newMutable("names", iss, "a.test")
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving", serving),
-		[]dynamiccertificates.SNICertKeyContentProvider{p}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("serving", serving),
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{p},
+		Clock:   clk,
+	})
 	parses := countParses(c)
 	require.NoError(t, c.RunOnce(context.Background()))
 	srv := startServer(t, c.TLSConfig())
@@ -291,7 +306,7 @@ func TestClientCAChange(t *testing.T) {
 	caName := t.Name() + "/client-ca"
 	caProvider := &mutableCA{name: caName, bundle: ca1.CertPEM}
 	serving := newMutable("serving", issueLeaf(t, servingCA, leafSpec{cn: "svc.test", dns: []string{"svc.test"}, now: clk.Now()}))
-	c := NewDynamicServingCertificateController(&tls.Config{MinVersion: tls.VersionTLS12, Time: clk.Now}, caProvider, serving, nil, WithClock(clk))
+	c := newController(t, ControllerConfig{Base: &tls.Config{MinVersion: tls.VersionTLS12, Time: clk.Now}, ClientCA: caProvider, Serving: serving, Clock: clk})
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
 	runController(t, c)
@@ -349,22 +364,47 @@ func TestClientCAChange(t *testing.T) {
 
 func TestClientAuthResolution(t *testing.T) {
 	ca := &mutableCA{name: "ca"}
+	serving := newMutable("serving", nil)
 	tests := []struct {
-		name     string
-		base     *tls.Config
-		clientCA dynamiccertificates.CAContentProvider
-		opts     []Option
-		want     tls.ClientAuthType
+		name       string
+		base       *tls.Config
+		clientCA   dynamiccertificates.CAContentProvider
+		clientAuth tls.ClientAuthType
+		want       tls.ClientAuthType
 	}{
-		{"no client CA", nil, nil, nil, tls.NoClientCert},
-		{"client CA", nil, ca, nil, tls.VerifyClientCertIfGiven},
-		{"base setting kept", &tls.Config{ClientAuth: tls.RequestClientCert}, ca, nil, tls.RequestClientCert},
-		{"option wins", &tls.Config{ClientAuth: tls.RequestClientCert}, ca, []Option{WithClientAuth(tls.RequireAndVerifyClientCert)}, tls.RequireAndVerifyClientCert},
+		{"no client CA", nil, nil, tls.NoClientCert, tls.NoClientCert},
+		{"client CA", nil, ca, tls.NoClientCert, tls.VerifyClientCertIfGiven},
+		{"base setting kept", &tls.Config{ClientAuth: tls.RequestClientCert}, ca, tls.NoClientCert, tls.RequestClientCert},
+		{"field wins", &tls.Config{ClientAuth: tls.RequestClientCert}, ca, tls.RequireAndVerifyClientCert, tls.RequireAndVerifyClientCert},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := NewDynamicServingCertificateController(tt.base, tt.clientCA, nil, nil, tt.opts...)
+			c := newController(t, ControllerConfig{Base: tt.base, ClientCA: tt.clientCA, Serving: serving, ClientAuth: tt.clientAuth})
 			assert.Equal(t, tt.want, c.clientAuth)
+		})
+	}
+}
+
+// TestControllerConfigErrorsNameTheField: an invalid config is refused at
+// construction, naming the field, instead of failing closed at the first
+// handshake.
+func TestControllerConfigErrorsNameTheField(t *testing.T) {
+	serving := newMutable("serving", nil)
+	tests := []struct {
+		name string
+		cfg  ControllerConfig
+		want string
+	}{
+		{"nothing to serve", ControllerConfig{}, "neither Serving nor SNI"},
+		{"only nil SNI entries", ControllerConfig{SNI: []dynamiccertificates.SNICertKeyContentProvider{nil}}, "neither Serving nor SNI"},
+		{"verify without a client CA", ControllerConfig{Serving: serving, ClientAuth: tls.RequireAndVerifyClientCert}, "ControllerConfig.ClientAuth RequireAndVerifyClientCert verifies client certificates but ControllerConfig.ClientCA is not set"},
+		{"base verifies without a client CA", ControllerConfig{Serving: serving, Base: &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven}}, "ControllerConfig.Base.ClientAuth"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := NewDynamicServingCertificateController(tt.cfg)
+			require.ErrorContains(t, err, tt.want)
+			assert.Nil(t, c)
 		})
 	}
 }
@@ -372,7 +412,7 @@ func TestClientAuthResolution(t *testing.T) {
 func TestNilBaseAndTLSConfig(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	ca := newTestCA(t, clk.Now(), "ca")
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "x.test", now: clk.Now()})), nil, WithClock(clk))
+	c := newController(t, ControllerConfig{Serving: newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "x.test", now: clk.Now()})), Clock: clk})
 	require.NoError(t, c.RunOnce(context.Background()))
 
 	outer := c.TLSConfig()
@@ -390,7 +430,7 @@ func TestNilBaseAndTLSConfig(t *testing.T) {
 
 	// Base is cloned: changing the caller's config later has no effect.
 	base := &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{"h2", "http/1.1"}}
-	c2 := NewDynamicServingCertificateController(base, nil, newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "x.test", now: clk.Now()})), nil, WithClock(clk))
+	c2 := newController(t, ControllerConfig{Base: base, Serving: newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "x.test", now: clk.Now()})), Clock: clk})
 	base.MinVersion = tls.VersionTLS10
 	require.NoError(t, c2.RunOnce(context.Background()))
 	inner, _ = c2.GetConfigForClient(nil)
@@ -406,8 +446,11 @@ func TestSessionResumptionAcrossSwap(t *testing.T) {
 	ca := newTestCA(t, clk.Now(), "ca")
 	serving := newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "svc.test", dns: []string{"svc.test"}, now: clk.Now()}))
 	unrelated := newMutable(t.Name()+"/unrelated", issueLeaf(t, ca, leafSpec{cn: "other.test", now: clk.Now()}))
-	c := NewDynamicServingCertificateController(nil, nil, serving,
-		[]dynamiccertificates.SNICertKeyContentProvider{unrelated}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: serving,
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{unrelated},
+		Clock:   clk,
+	})
 	require.NoError(t, c.RunOnce(context.Background()))
 	srv := startServer(t, c.TLSConfig())
 
@@ -440,7 +483,7 @@ func TestListenersAndEnqueueAfterRun(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	ca := newTestCA(t, clk.Now(), "ca")
 	p := newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "x.test", now: clk.Now()}))
-	c := NewDynamicServingCertificateController(nil, nil, p, nil, WithClock(clk), WithResyncInterval(0))
+	c := newController(t, ControllerConfig{Serving: p, Clock: clk, ResyncInterval: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx, 4) }()

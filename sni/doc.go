@@ -74,14 +74,17 @@
 //
 // Typical use:
 //
-//	c := sni.NewDynamicServingCertificateController(base, clientCA, serving, sniCerts)
+//	c, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{
+//		Serving: serving, SNI: sniCerts, ClientCA: clientCA,
+//	})
+//	if err != nil { ... }
 //	if err := c.RunOnce(ctx); err != nil { ... }
 //	go c.Run(ctx, 1)
 //	srv := &http.Server{TLSConfig: c.TLSConfig()}
 //
-// The configs the controller hands to crypto/tls are clones of base, not of
-// the config http.Server derives from TLSConfig(). In particular
-// http.Server adds "h2" to its own config's NextProtos only, so set
-// base.NextProtos (for example to []string{"h2", "http/1.1"}) to offer
-// HTTP/2.
+// The configs the controller hands to crypto/tls are clones of
+// ControllerConfig.Base, not of the config http.Server derives from
+// TLSConfig(). http.Server adds "h2" to its own config's NextProtos only, so
+// the default Base (nil) offers "h2" and "http/1.1" itself, and a Base you
+// set must list "h2" in NextProtos to offer HTTP/2.
 package sni

@@ -102,7 +102,7 @@ func TestDualCertificateSelection(t *testing.T) {
 		sniCerts = append(sniCerts, providers[name])
 	}
 	sniCerts = append(sniCerts, internal)
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("default-e", certs["default-e"]), sniCerts, WithClock(clk))
+	c := newController(t, ControllerConfig{Serving: newMutable("default-e", certs["default-e"]), SNI: sniCerts, Clock: clk})
 	runController(t, c)
 	require.Eventually(t, c.HasSynced, 30*time.Second, 5*time.Millisecond)
 	addr := startServer(t, c.TLSConfig()).addr
@@ -177,9 +177,13 @@ func TestDualCertificateByLocalIP(t *testing.T) {
 		return issueLeaf(t, ca, leafSpec{cn: cn, ips: []net.IP{net.IPv4(127, 0, 0, 1)}, now: clk.Now(), keyType: kt})
 	}
 	def, ipE, ipR := leaf(pki.ECDSAP256, "default"), leaf(pki.ECDSAP256, "ip-e"), leaf(pki.RSA2048, "ip-r")
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("default", def), []dynamiccertificates.SNICertKeyContentProvider{
-		newMutable("ip-r", ipR, "127.0.0.1"), newMutable("ip-e", ipE, "127.0.0.1"),
-	}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("default", def),
+		SNI: []dynamiccertificates.SNICertKeyContentProvider{
+			newMutable("ip-r", ipR, "127.0.0.1"), newMutable("ip-e", ipE, "127.0.0.1"),
+		},
+		Clock: clk,
+	})
 	runController(t, c)
 	require.Eventually(t, c.HasSynced, 30*time.Second, 5*time.Millisecond)
 	addr := startServer(t, c.TLSConfig()).addr
@@ -205,8 +209,11 @@ func TestDualDefaultFromSNI(t *testing.T) {
 		return issueLeaf(t, ca, leafSpec{cn: "localhost", dns: []string{"localhost"}, ips: []net.IP{net.IPv4(127, 0, 0, 1)}, now: clk.Now(), keyType: kt})
 	}
 	rsaPair, ecdsaPair := leaf(pki.RSA2048), leaf(pki.ECDSAP256)
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving-rsa", rsaPair),
-		[]dynamiccertificates.SNICertKeyContentProvider{newMutable("sni-ecdsa", ecdsaPair)}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("serving-rsa", rsaPair),
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{newMutable("sni-ecdsa", ecdsaPair)},
+		Clock:   clk,
+	})
 	runController(t, c)
 	require.Eventually(t, c.HasSynced, 30*time.Second, 5*time.Millisecond)
 	addr := startServer(t, c.TLSConfig()).addr
@@ -244,7 +251,7 @@ func TestDualSelfSignedRotatesTogether(t *testing.T) {
 	_, caIsRSA := mustParseCA(t, ss.CurrentCABundleContent()).PublicKey.(*rsa.PublicKey)
 	assert.True(t, caIsRSA, "with an RSA leaf the CA is RSA, so RSA-only clients can verify both chains")
 
-	c := NewDynamicServingCertificateController(nil, nil, ss, nil, WithClock(clk))
+	c := newController(t, ControllerConfig{Serving: ss, Clock: clk})
 	runProvider(t, ss)
 	runController(t, c)
 	require.Eventually(t, c.HasSynced, 30*time.Second, 5*time.Millisecond)
@@ -343,11 +350,14 @@ func newDualAllocFixture(t testing.TB) *dualAllocFixture {
 	leaf := func(kt pki.KeyType, dns ...string) *pki.Issued {
 		return issueLeaf(t, ca, leafSpec{cn: dns[0], dns: dns, ips: []net.IP{net.IPv4(127, 0, 0, 1)}, now: clk.Now(), keyType: kt})
 	}
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("dual-e", leaf(pki.ECDSAP256, "dual.test")),
-		[]dynamiccertificates.SNICertKeyContentProvider{
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("dual-e", leaf(pki.ECDSAP256, "dual.test")),
+		SNI: []dynamiccertificates.SNICertKeyContentProvider{
 			newMutable("dual-r", leaf(pki.RSA2048, "dual.test")),
 			newMutable("single", leaf(pki.ECDSAP256, "single.test")),
-		}, WithClock(clk))
+		},
+		Clock: clk,
+	})
 	require.NoError(t, c.RunOnce(context.Background()))
 	f := &dualAllocFixture{clk: clk, c: c}
 	s := c.current.Load()

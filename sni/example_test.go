@@ -27,12 +27,14 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	ctrl := sni.NewDynamicServingCertificateController(
-		&tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}},
-		nil,     // no client CA
-		serving, // the default certificate
-		[]dynamiccertificates.SNICertKeyContentProvider{api},
-	)
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{
+		Serving: serving, // the default certificate
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{api},
+		// Base defaults to TLS 1.2 or later with HTTP/2 offered; no ClientCA.
+	})
+	if err != nil {
+		panic(err)
+	}
 	if err := ctrl.RunOnce(ctx); err != nil {
 		panic(err)
 	}
@@ -67,7 +69,10 @@ func ExampleDynamicServingCertificateController_SetGetCertificate() {
 	if err != nil {
 		panic(err)
 	}
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving, nil)
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving})
+	if err != nil {
+		panic(err)
+	}
 	if err := ctrl.RunOnce(context.Background()); err != nil {
 		panic(err)
 	}

@@ -31,8 +31,12 @@ func TestFrameworkSettingsSurviveRecipe(t *testing.T) {
 	provider := newMutable("webhook", first)
 	// The controller's own base would allow TLS 1.2, HTTP/2 and no client
 	// certificate: none of it may leak into the framework's config.
-	c := NewDynamicServingCertificateController(&tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}},
-		nil, provider, []dynamiccertificates.SNICertKeyContentProvider{}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Base:    &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}},
+		Serving: provider,
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{},
+		Clock:   clk,
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx, 1) }()

@@ -332,3 +332,12 @@ func x509Pool(t testing.TB, cas ...*pki.Issued) *x509.CertPool {
 	}
 	return pool
 }
+
+// newController returns the controller cfg configures, failing tb if cfg is
+// invalid.
+func newController(tb testing.TB, cfg ControllerConfig) *DynamicServingCertificateController {
+	tb.Helper()
+	c, err := NewDynamicServingCertificateController(cfg)
+	require.NoError(tb, err)
+	return c
+}

@@ -45,7 +45,7 @@ func TestNameOnlyNeverDefault(t *testing.T) {
 			} else {
 				sniCerts = append(users[1:2:2], users[0], loop)
 			}
-			c := NewDynamicServingCertificateController(nil, nil, nil, sniCerts, WithClock(clk))
+			c := newController(t, ControllerConfig{SNI: sniCerts, Clock: clk})
 			require.NoError(t, c.RunOnce(context.Background()))
 			srv := startServer(t, c.TLSConfig())
 
@@ -76,10 +76,13 @@ func TestNameOnlyAloneIsNotServed(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	ca := newTestCA(t, clk.Now(), "name-only-ca")
 	internal := issueLeaf(t, ca, leafSpec{cn: "apiserver-loopback-client", dns: []string{"apiserver-loopback-client"}, now: clk.Now()})
-	c := NewDynamicServingCertificateController(nil, nil, nil, []dynamiccertificates.SNICertKeyContentProvider{
-		nameOnlyProvider{newMutable("loopback", internal, "apiserver-loopback-client")},
-		newMutable("user-not-loaded-yet", nil),
-	}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		SNI: []dynamiccertificates.SNICertKeyContentProvider{
+			nameOnlyProvider{newMutable("loopback", internal, "apiserver-loopback-client")},
+			newMutable("user-not-loaded-yet", nil),
+		},
+		Clock: clk,
+	})
 	require.ErrorIs(t, c.RunOnce(context.Background()), errNothingLoaded)
 	require.False(t, c.HasSynced())
 }

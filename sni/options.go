@@ -2,101 +2,134 @@ package sni
 
 import (
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 )
 
 // DefaultName is the name of the work queue and of the controller in logs
-// when WithName is not given.
+// when ControllerConfig.Name is empty.
 const DefaultName = "DynamicServingCertificateController"
 
 // DefaultResyncInterval is how often the controller re-reads its providers
-// even when none of them reported a change, when WithResyncInterval is not
-// given. It matches upstream's one-minute recheck, which catches providers
-// that do not notify, and certificates that were not yet valid when they
-// were first read.
+// even when none of them reported a change, when
+// ControllerConfig.ResyncInterval is zero. It matches upstream's one-minute
+// recheck, which catches providers that do not notify, and certificates that
+// were not yet valid when they were first read.
 const DefaultResyncInterval = time.Minute
 
-// Option configures a DynamicServingCertificateController. Options are
-// applied in order by NewDynamicServingCertificateController; a later option
-// overrides an earlier one.
-type Option func(*options)
+// ControllerConfig configures a DynamicServingCertificateController. Every
+// field is optional, but at least one of Serving and SNI must be set; the
+// zero value of each field gives the default documented on it.
+type ControllerConfig struct {
+	// Base is the static part of every served config: versions, cipher
+	// suites, ALPN. It is cloned, so later changes to it have no effect;
+	// its Certificates, GetCertificate and GetConfigForClient are ignored.
+	// Default: MinVersion TLS 1.2 and NextProtos "h2", "http/1.1", so that
+	// an http.Server serving the controller's config speaks HTTP/2 as it
+	// does with a static config.
+	Base *tls.Config
 
+	// Serving is the default certificate, served when no SNI certificate
+	// matches. Providers may be evercert's or upstream's.
+	Serving dynamiccertificates.CertKeyContentProvider
+	// SNI are the certificates selected by name, in precedence order: when
+	// two claim a name with certificates of the same key algorithm, the
+	// earlier wins. nil entries are skipped. Without Serving, the first
+	// valid SNI certificate is the default.
+	SNI []dynamiccertificates.SNICertKeyContentProvider
+	// ClientCA, when set, verifies client certificates.
+	ClientCA dynamiccertificates.CAContentProvider
+
+	// ClientAuth is the served config's tls.ClientAuthType. Default (the
+	// zero value, tls.NoClientCert): Base.ClientAuth when that is set;
+	// otherwise tls.VerifyClientCertIfGiven with a ClientCA, so that a
+	// client certificate that is presented must chain to the current client
+	// CA bundle, and tls.NoClientCert without one. A type that verifies
+	// client certificates needs ClientCA.
+	ClientAuth tls.ClientAuthType
+
+	// Clock checks a certificate's NotBefore and NotAfter when new content
+	// is parsed. It is only read, never waited on: the resync ticker always
+	// runs on real time. Default clock.RealClock{}.
+	Clock clock.WithTicker
+	// Name is the name of the controller's work queue and the name it logs
+	// under. Default DefaultName.
+	Name string
+	// ResyncInterval is how often Run re-reads every provider even without
+	// a notification. A resync of unchanged providers costs no parsing and
+	// swaps nothing. Default DefaultResyncInterval; a negative value
+	// disables the periodic resync.
+	ResyncInterval time.Duration
+
+	// EventRecorder, with EventObject (the object the Events are about: the
+	// Pod, say), receives Kubernetes Events for what the controller reports
+	// itself: a Normal CertificateRotated Event for each new certificate it
+	// parsed (from a provider that is not a ParsedCertKeyProvider), and a
+	// Warning CertificateLoadFailed Event for each distinct content it
+	// rejects. evercert's providers send Events about their own changes and
+	// failures: give them the same recorder and object in their configs.
+	// Default: no Events; either nil sends none.
+	EventRecorder events.EventRecorder
+	EventObject   runtime.Object
+}
+
+// options is a ControllerConfig with its defaults filled in.
 type options struct {
 	clock         clock.PassiveClock
-	clientAuth    tls.ClientAuthType
-	clientAuthSet bool
 	name          string
 	resync        time.Duration
 	eventRecorder events.EventRecorder
 	eventObject   runtime.Object
 }
 
-func defaultOptions() options {
-	return options{
-		clock:  clock.RealClock{},
-		name:   DefaultName,
-		resync: DefaultResyncInterval,
+// complete validates cfg, naming the field at fault, and returns the
+// options it gives and the base config to clone.
+func (cfg ControllerConfig) complete() (options, *tls.Config, error) {
+	o := options{clock: cfg.Clock, name: cfg.Name, resync: cfg.ResyncInterval, eventRecorder: cfg.EventRecorder, eventObject: cfg.EventObject}
+	if cfg.Clock == nil {
+		o.clock = clock.RealClock{}
 	}
+	if o.name == "" {
+		o.name = DefaultName
+	}
+	switch {
+	case o.resync == 0:
+		o.resync = DefaultResyncInterval
+	case o.resync < 0:
+		o.resync = 0 // disabled
+	}
+	base := cfg.Base
+	if base == nil {
+		base = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+	}
+	if cfg.Serving == nil && !hasProvider(cfg.SNI) {
+		return o, nil, errors.New("ControllerConfig: neither Serving nor SNI is set, so there is nothing to serve")
+	}
+	auth := cfg.ClientAuth
+	if auth == tls.NoClientCert {
+		auth = base.ClientAuth
+	}
+	if auth >= tls.VerifyClientCertIfGiven && cfg.ClientCA == nil {
+		field := "ClientAuth"
+		if cfg.ClientAuth == tls.NoClientCert {
+			field = "Base.ClientAuth"
+		}
+		return o, nil, fmt.Errorf("ControllerConfig.%s %v verifies client certificates but ControllerConfig.ClientCA is not set", field, auth)
+	}
+	return o, base, nil
 }
 
-// WithClock sets the clock used to check a certificate's NotBefore and
-// NotAfter when new content is parsed. The default is clock.RealClock{}. A
-// nil clock is ignored. The clock is only read, never waited on: the resync
-// ticker always runs on real time.
-func WithClock(c clock.PassiveClock) Option {
-	return func(o *options) {
-		if c != nil {
-			o.clock = c
+func hasProvider(ps []dynamiccertificates.SNICertKeyContentProvider) bool {
+	for _, p := range ps {
+		if p != nil {
+			return true
 		}
 	}
-}
-
-// WithClientAuth sets the tls.ClientAuthType of the served config. Without
-// it, a non-zero base.ClientAuth is kept; otherwise the default is
-// tls.VerifyClientCertIfGiven when a client CA provider is set, so that a
-// client certificate that is presented must chain to the current client CA
-// bundle, and tls.NoClientCert when none is.
-func WithClientAuth(auth tls.ClientAuthType) Option {
-	return func(o *options) {
-		o.clientAuth = auth
-		o.clientAuthSet = true
-	}
-}
-
-// WithName sets the name of the controller's work queue and the name it logs
-// under. The default is DefaultName. An empty name is ignored.
-func WithName(name string) Option {
-	return func(o *options) {
-		if name != "" {
-			o.name = name
-		}
-	}
-}
-
-// WithResyncInterval sets how often Run re-reads every provider even without
-// a notification. The default is DefaultResyncInterval; zero or a negative
-// value disables the periodic resync. A resync of unchanged providers costs
-// no parsing and swaps nothing.
-func WithResyncInterval(d time.Duration) Option {
-	return func(o *options) {
-		o.resync = d
-	}
-}
-
-// WithEventRecorder sends Kubernetes Events through recorder, about object
-// (the Pod, say), for what the controller reports itself: a Normal
-// CertificateRotated Event for each new certificate it parsed (from a
-// provider that is not a ParsedCertKeyProvider), and a Warning
-// CertificateLoadFailed Event for each distinct content it rejects. evercert's
-// providers send Events about their own changes and failures: give them the
-// same recorder and object in their configs (EventRecorder, EventObject).
-// Default: no Events; a nil recorder or object sends none.
-func WithEventRecorder(recorder events.EventRecorder, object runtime.Object) Option {
-	return func(o *options) {
-		o.eventRecorder, o.eventObject = recorder, object
-	}
+	return false
 }

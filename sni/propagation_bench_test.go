@@ -241,7 +241,10 @@ func benchFilePropagation(b *testing.B, pat filePattern) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, files, nil)
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: files})
+	if err != nil {
+		b.Fatal(err)
+	}
 	if err := files.RunOnce(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -301,7 +304,10 @@ func benchSelfSignedPropagation(b *testing.B) {
 		cancel()
 		running.Wait()
 	})
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, ss, nil, sni.WithClock(clk))
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: ss, Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
 	if err := ss.RunOnce(ctx); err != nil {
 		b.Fatal(err)
 	}

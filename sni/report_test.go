@@ -72,8 +72,12 @@ func TestEachChangeIsParsedLoggedAndCountedOnce(t *testing.T) {
 	}
 	foreign := newMutable(prefix+"foreign", foreignLeaf())
 
-	c := NewDynamicServingCertificateController(nil, nil, self,
-		[]dynamiccertificates.SNICertKeyContentProvider{file, foreign}, WithClock(clk), WithName("report-test"))
+	c := newController(t, ControllerConfig{
+		Serving: self,
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{file, foreign},
+		Clock:   clk,
+		Name:    "report-test",
+	})
 	parses := countParses(c)
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
@@ -158,8 +162,13 @@ func TestControllerEventsForWhatItParses(t *testing.T) {
 	self, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: t.Name() + "/self-signed", Lifetime: time.Hour, Clock: clk})
 	require.NoError(t, err)
 	recorder := certreporttest.NewRecorder()
-	c := NewDynamicServingCertificateController(nil, nil, self,
-		[]dynamiccertificates.SNICertKeyContentProvider{foreign}, WithClock(clk), WithEventRecorder(recorder, certreporttest.Pod))
+	c := newController(t, ControllerConfig{
+		Serving:       self,
+		SNI:           []dynamiccertificates.SNICertKeyContentProvider{foreign},
+		Clock:         clk,
+		EventRecorder: recorder,
+		EventObject:   certreporttest.Pod,
+	})
 	swapped := make(chanListener, 1)
 	c.AddListener(swapped)
 	runController(t, self)

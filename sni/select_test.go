@@ -56,7 +56,7 @@ func newSelectionFixture(t *testing.T) *selectionFixture {
 		newMutable("extr", f.cert["extr"]),
 		newMutable("expl", f.cert["expl"], "explicit-beats.test"),
 	}
-	f.c = NewDynamicServingCertificateController(nil, nil, newMutable("serving", f.cert["serving"]), sniCerts, WithClock(clk))
+	f.c = newController(t, ControllerConfig{Serving: newMutable("serving", f.cert["serving"]), SNI: sniCerts, Clock: clk})
 	require.NoError(t, f.c.RunOnce(context.Background()))
 	f.srv = startServer(t, f.c.TLSConfig())
 	return f
@@ -111,8 +111,11 @@ func TestIPSANIsNotIndexedWithoutExplicitName(t *testing.T) {
 	ca := newTestCA(t, clk.Now(), "ca")
 	serving := issueLeaf(t, ca, leafSpec{cn: "default.test", now: clk.Now()})
 	withIP := issueLeaf(t, ca, leafSpec{cn: "127.0.0.1", ips: []net.IP{net.IPv4(127, 0, 0, 1)}, now: clk.Now()})
-	c := NewDynamicServingCertificateController(nil, nil, newMutable("serving", serving),
-		[]dynamiccertificates.SNICertKeyContentProvider{newMutable("ip-san", withIP)}, WithClock(clk))
+	c := newController(t, ControllerConfig{
+		Serving: newMutable("serving", serving),
+		SNI:     []dynamiccertificates.SNICertKeyContentProvider{newMutable("ip-san", withIP)},
+		Clock:   clk,
+	})
 	require.NoError(t, c.RunOnce(context.Background()))
 	srv := startServer(t, c.TLSConfig())
 
@@ -142,9 +145,12 @@ func TestDefaultWithoutServingCertIsDeterministic(t *testing.T) {
 				first = newMutable("a-invalid", nil)
 				first.setQuietly([]byte("garbage"), []byte("garbage"))
 			}
-			c := NewDynamicServingCertificateController(nil, nil, nil, []dynamiccertificates.SNICertKeyContentProvider{
-				first, newMutable("b", certs[1]), newMutable("c", certs[2]),
-			}, WithClock(clk))
+			c := newController(t, ControllerConfig{
+				SNI: []dynamiccertificates.SNICertKeyContentProvider{
+					first, newMutable("b", certs[1]), newMutable("c", certs[2]),
+				},
+				Clock: clk,
+			})
 			require.NoError(t, c.RunOnce(context.Background()))
 			srv := startServer(t, c.TLSConfig())
 			requireSerial(t, want, servedSerial(t, srv.addr, clientConfig(clk, "nomatch.test")), "run %d, first valid %v", i, firstValid)
@@ -167,7 +173,7 @@ func TestNotReadyBeforeFirstSync(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	ca := newTestCA(t, clk.Now(), "ca")
 	p := newMutable("serving", issueLeaf(t, ca, leafSpec{cn: "default.test", now: clk.Now()}))
-	c := NewDynamicServingCertificateController(nil, nil, p, nil, WithClock(clk))
+	c := newController(t, ControllerConfig{Serving: p, Clock: clk})
 
 	cfg, err := c.GetConfigForClient(&tls.ClientHelloInfo{ServerName: "default.test"})
 	require.ErrorIs(t, err, ErrNotReady)
@@ -194,14 +200,13 @@ func TestNotReadyBeforeFirstSync(t *testing.T) {
 func TestRunOnceFailsWithNothingValid(t *testing.T) {
 	bad := newMutable("only-bad", nil)
 	bad.setQuietly([]byte("not pem"), []byte("not pem"))
-	c := NewDynamicServingCertificateController(nil, nil, bad, nil)
+	c := newController(t, ControllerConfig{Serving: bad})
 	err := c.RunOnce(context.Background())
 	require.ErrorIs(t, err, errNothingLoaded)
 	require.ErrorContains(t, err, `"only-bad"`, "the error names the provider")
 	require.False(t, c.HasSynced())
-
-	empty := NewDynamicServingCertificateController(nil, nil, nil, nil)
-	require.ErrorIs(t, empty.RunOnce(context.Background()), errNothingLoaded)
+	// A config with no provider at all is refused at construction
+	// (TestControllerConfigErrorsNameTheField).
 }
 
 func TestGetCertificateLocalIP(t *testing.T) {

@@ -82,7 +82,8 @@ func TestControllerRuntimeRecipe(t *testing.T) {
 		Name: "webhook", Hosts: []string{webhookName}, Lifetime: time.Hour, Clock: clk,
 	})
 	require.NoError(t, err)
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving, nil, sni.WithClock(clk))
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving, Clock: clk})
+	require.NoError(t, err)
 	require.NoError(t, ctrl.RunOnce(ctx))
 	var loops []chan struct{}
 	for _, run := range []func(context.Context, int){serving.Run, ctrl.Run} {

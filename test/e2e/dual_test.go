@@ -47,7 +47,8 @@ func TestE2EDualKeyTypesAuthority(t *testing.T) {
 		DisableReplicaAnnouncements: true, // this test is about key types, not replicas
 	})
 	require.NoError(t, err)
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, a, nil, sni.WithClock(clk))
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: a, Clock: clk})
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })

@@ -68,7 +68,8 @@ func newPair(t *testing.T, host string) *pki.Issued {
 func serve(t *testing.T, serving dynamiccertificates.CertKeyContentProvider) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving, nil)
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving})
+	require.NoError(t, err)
 	var wg sync.WaitGroup
 	if r, ok := serving.(dynamiccertificates.ControllerRunner); ok {
 		require.NoError(t, r.RunOnce(ctx))

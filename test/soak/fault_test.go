@@ -556,7 +556,7 @@ func fileFaultCycle(w *world, _ int) {
 		})
 		w.advance(w.p.step) // a resync on the clock re-reads the damage too
 		for _, p := range w.live() {
-			cur := p.file.Current()
+			cur := parsedLeaf(p.file)
 			if assert.NotNil(w.t, cur, "%s: %s", p.name, f.name) {
 				assert.True(w.t, cur.Leaf.Equal(old.Cert), "%s: %s: the last good pair is still served", p.name, f.name)
 			}

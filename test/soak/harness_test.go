@@ -295,9 +295,10 @@ func (w *world) startPod(idx int) *pod {
 	p.self.AddListener(&bundleListener{w: w, log: p.selfLog, bundle: p.self.CurrentCABundleContent})
 	p.selfLog.record(w.now(), p.self.CurrentCABundleContent())
 
-	p.ctrl = sni.NewDynamicServingCertificateController(nil, nil, p.auth,
-		[]dynamiccertificates.SNICertKeyContentProvider{p.self, p.file},
-		sni.WithClock(p.view), sni.WithName(p.provider("sni")))
+	p.ctrl, err = sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: p.auth,
+		SNI:   []dynamiccertificates.SNICertKeyContentProvider{p.self, p.file},
+		Clock: p.view, Name: p.provider("sni")})
+	require.NoError(t, err)
 	p.ctrl.AddListener(activityListener{&w.activity})
 
 	if idx == 0 || w.p.publisherOnAll {
@@ -545,7 +546,7 @@ func (w *world) notSettled() string {
 		if !faulty && p.client.fault.Load() == nil && p.client.loseRace.Load() == nil && secret != nil && p.auth.LastError() == nil && !bytes.Equal(p.auth.CurrentCABundleContent(), secret.Data[dynamiccert.SecretCAKey]) {
 			return p.name + ": authority bundle differs from the Secret's"
 		}
-		if fc := p.file.Current(); !w.fileBad && (fc == nil || !fc.Leaf.Equal(w.fileCur.Cert)) {
+		if fc := parsedLeaf(p.file); !w.fileBad && (fc == nil || !fc.Leaf.Equal(w.fileCur.Cert)) {
 			return p.name + ": file provider does not serve the files yet"
 		}
 		if w.fileBad && p.file.LastError() == nil {
@@ -556,7 +557,7 @@ func (w *world) notSettled() string {
 			served[s.Provider] = s.Serial
 		}
 		want := map[string]*x509.Certificate{p.auth.Name(): leaf, p.self.Name(): p.self.Leaf()}
-		if fc := p.file.Current(); fc != nil {
+		if fc := parsedLeaf(p.file); fc != nil {
 			want[p.file.Name()] = fc.Leaf
 		}
 		for prov, c := range want {
@@ -1084,4 +1085,10 @@ func (c *competitor) wrote(pem []byte) bool { return bytes.Equal(pem, c.bundle) 
 func (c *competitor) stop() {
 	c.cancel()
 	<-c.done
+}
+
+// parsedLeaf returns the pair p serves, nil before its first good load.
+func parsedLeaf(p *dynamiccert.FileCertKey) *tls.Certificate {
+	_, _, c := p.CurrentParsedCertKeyContent()
+	return c
 }

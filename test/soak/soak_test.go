@@ -147,13 +147,14 @@ func TestSoakSimulatedYears(t *testing.T) {
 	lb, err := loopback.New(loopback.Options{Validity: 2 * day, Clock: sim.view(loopback.ProviderName, 0, true)})
 	require.NoError(t, err)
 
-	ctrl := sni.NewDynamicServingCertificateController(nil, nil, serving,
-		[]dynamiccertificates.SNICertKeyContentProvider{lb, short, daily, authority, files}, sni.WithClock(clk))
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving,
+		SNI: []dynamiccertificates.SNICertKeyContentProvider{lb, short, daily, authority, files}, Clock: clk})
+	require.NoError(t, err)
 	leaves := map[string]func() *x509.Certificate{
 		serving.Name(): serving.Leaf, short.Name(): short.Leaf, daily.Name(): daily.Leaf,
 		authority.Name(): authority.Leaf, lb.Name(): lb.Leaf,
 		files.Name(): func() *x509.Certificate {
-			if c := files.Current(); c != nil {
+			if c := parsedLeaf(files); c != nil {
 				return c.Leaf
 			}
 			return nil
@@ -178,7 +179,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 			what:     func() string { return "simulated at " + clk.Now().Format(time.RFC3339) },
 			activity: func() int64 { return activity.Load() + api.calls.Load() },
 			notSettled: func() string {
-				if c := files.Current(); c == nil || !c.Leaf.Equal(fileLeaf) {
+				if c := parsedLeaf(files); c == nil || !c.Leaf.Equal(fileLeaf) {
 					return "the file provider has not loaded the files yet"
 				}
 				served := map[string]string{}
