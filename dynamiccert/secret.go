@@ -54,7 +54,7 @@ type SecretConfig struct {
 	Resync time.Duration
 	// Clock is used for validity checks of loaded certificates. Default
 	// clock.RealClock{}.
-	Clock clock.PassiveClock
+	Clock clock.WithTicker
 	// EventRecorder receives a Normal CertificateRotated Event for every new
 	// certificate (certificate sources) and a Warning CertificateLoadFailed
 	// Event for every distinct load failure, about EventObject. Optional.

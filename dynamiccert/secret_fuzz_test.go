@@ -50,7 +50,7 @@ func fuzzSecretConfig(name string, client *fake.Clientset) dynamiccert.SecretCon
 		// Constant names: one metric series per provider kind, however many
 		// inputs run.
 		Name: name, Namespace: fuzzNamespace, SecretName: fuzzSecret, Client: client,
-		Clock: clocktesting.NewFakePassiveClock(fuzzSecretNow),
+		Clock: clocktesting.NewFakeClock(fuzzSecretNow),
 	}
 }
 

@@ -55,7 +55,7 @@ var ErrWrongOrder = errors.New("loopback applied in the wrong order")
 // SNICerts provider that is a ControllerRunner until the server stops);
 // AddPostStartHook makes it explicit. ApplyTo is not safe for concurrent use
 // with other changes to *secureServingInfo.
-func ApplyTo(secureServingInfo **server.SecureServingInfo, loopbackClientConfig **rest.Config, opts Options) (*Certificate, error) {
+func ApplyTo(secureServingInfo **server.SecureServingInfo, loopbackClientConfig **rest.Config, opts CertificateConfig) (*Certificate, error) {
 	if secureServingInfo == nil || *secureServingInfo == nil || loopbackClientConfig == nil {
 		return nil, nil
 	}
@@ -66,7 +66,7 @@ func ApplyTo(secureServingInfo **server.SecureServingInfo, loopbackClientConfig 
 			"Apply plain SecureServingOptions before loopback.ApplyTo, or call loopback.ApplyRecommendedOptions instead of RecommendedOptions.ApplyTo",
 			ErrWrongOrder, ServerName, p.Name())
 	}
-	cert, err := New(opts)
+	cert, err := NewCertificate(opts)
 	if err != nil {
 		return nil, fmt.Errorf("failed to generate self-signed certificate for loopback connection: %w", err)
 	}
@@ -118,7 +118,7 @@ func loopbackSNICert(info *server.SecureServingInfo) dynamiccertificates.SNICert
 // ServerName (see ApplyTo), a HealthCheckName check or the PostStartHookName
 // hook already in cfg. So calling ApplyToConfig after RecommendedOptions.ApplyTo
 // fails at once; use ApplyRecommendedOptions instead.
-func ApplyToConfig(cfg *server.Config, opts Options) (*Certificate, error) {
+func ApplyToConfig(cfg *server.Config, opts CertificateConfig) (*Certificate, error) {
 	if err := checkNoLoopback(cfg); err != nil {
 		return nil, err
 	}

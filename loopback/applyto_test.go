@@ -33,18 +33,18 @@ func newInfo(t *testing.T) *server.SecureServingInfo {
 
 func TestApplyToNoop(t *testing.T) {
 	var cfg *rest.Config
-	c, err := loopback.ApplyTo(nil, &cfg, loopback.Options{})
+	c, err := loopback.ApplyTo(nil, &cfg, loopback.CertificateConfig{})
 	assert.NoError(t, err)
 	assert.Nil(t, c)
 
 	var info *server.SecureServingInfo
-	c, err = loopback.ApplyTo(&info, &cfg, loopback.Options{})
+	c, err = loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 	assert.NoError(t, err)
 	assert.Nil(t, c)
 	assert.Nil(t, cfg)
 
 	info = newInfo(t)
-	c, err = loopback.ApplyTo(&info, nil, loopback.Options{})
+	c, err = loopback.ApplyTo(&info, nil, loopback.CertificateConfig{})
 	assert.NoError(t, err)
 	assert.Nil(t, c)
 	assert.Empty(t, info.SNICerts)
@@ -58,7 +58,7 @@ func TestApplyTo(t *testing.T) {
 	existing := &rest.Config{Host: "https://insecure.example"}
 	cfg := existing
 
-	c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+	c, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 	require.NoError(t, err)
 	require.NotNil(t, c)
 	require.Len(t, info.SNICerts, 2)
@@ -74,7 +74,7 @@ func TestApplyToFallback(t *testing.T) {
 	t.Run("no fallback config: error, certificate removed", func(t *testing.T) {
 		info := &server.SecureServingInfo{} // no listener
 		var cfg *rest.Config
-		c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		c, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 		assert.Error(t, err)
 		assert.Nil(t, c)
 		assert.Nil(t, cfg)
@@ -84,7 +84,7 @@ func TestApplyToFallback(t *testing.T) {
 		info := &server.SecureServingInfo{}
 		existing := &rest.Config{Host: "http://127.0.0.1:8080"}
 		cfg := existing
-		c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		c, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 		assert.NoError(t, err)
 		require.NotNil(t, c)
 		assert.Same(t, existing, cfg)
@@ -94,7 +94,7 @@ func TestApplyToFallback(t *testing.T) {
 	t.Run("invalid options", func(t *testing.T) {
 		info := newInfo(t)
 		var cfg *rest.Config
-		_, err := loopback.ApplyTo(&info, &cfg, loopback.Options{Validity: -1})
+		_, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{Validity: -1})
 		assert.Error(t, err)
 		assert.Empty(t, info.SNICerts)
 		assert.Nil(t, cfg)
@@ -106,7 +106,7 @@ func TestApplyToConfig(t *testing.T) {
 	cfg.SecureServing = newInfo(t)
 	healthz, livez, readyz := len(cfg.HealthzChecks), len(cfg.LivezChecks), len(cfg.ReadyzChecks)
 
-	c, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+	c, err := loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 	require.NoError(t, err)
 	require.NotNil(t, c)
 	require.NotNil(t, cfg.LoopbackClientConfig)
@@ -120,7 +120,7 @@ func TestApplyToConfig(t *testing.T) {
 
 	// Secure serving off: nothing happens.
 	off := server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
-	c, err = loopback.ApplyToConfig(off, loopback.Options{})
+	c, err = loopback.ApplyToConfig(off, loopback.CertificateConfig{})
 	assert.NoError(t, err)
 	assert.Nil(t, c)
 	assert.Nil(t, off.LoopbackClientConfig)
@@ -142,7 +142,7 @@ func TestApplyToRefusesEarlierLoopback(t *testing.T) {
 	evercert := func(t *testing.T) (*server.SecureServingInfo, *rest.Config) {
 		info := newInfo(t)
 		var cfg *rest.Config
-		_, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+		_, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 		require.NoError(t, err)
 		return info, cfg
 	}
@@ -153,7 +153,7 @@ func TestApplyToRefusesEarlierLoopback(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			info, cfg := earlier(t)
 			sni, before := info.SNICerts, cfg
-			c, err := loopback.ApplyTo(&info, &cfg, loopback.Options{})
+			c, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{})
 			require.ErrorIs(t, err, loopback.ErrWrongOrder)
 			assert.ErrorContains(t, err, loopback.ServerName)
 			assert.ErrorContains(t, err, "loopback.ApplyRecommendedOptions instead of RecommendedOptions.ApplyTo")
@@ -173,7 +173,7 @@ func TestApplyToConfigRefusesUpstream(t *testing.T) {
 	require.NoError(t, ss.WithLoopback().ApplyToConfig(cfg))
 	healthz, livez, sni, client := len(cfg.HealthzChecks), len(cfg.LivezChecks), len(cfg.SecureServing.SNICerts), cfg.LoopbackClientConfig
 
-	c, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+	c, err := loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 	require.ErrorIs(t, err, loopback.ErrWrongOrder)
 	assert.ErrorContains(t, err, `"loopback-serving-certificate" health check`)
 	assert.Nil(t, c)
@@ -186,9 +186,9 @@ func TestApplyToConfigRefusesUpstream(t *testing.T) {
 	// Applying evercert's twice is refused the same way.
 	cfg = server.NewConfig(serializer.NewCodecFactory(runtime.NewScheme()))
 	cfg.SecureServing = newInfo(t)
-	_, err = loopback.ApplyToConfig(cfg, loopback.Options{})
+	_, err = loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 	require.NoError(t, err)
-	_, err = loopback.ApplyToConfig(cfg, loopback.Options{})
+	_, err = loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 	require.ErrorIs(t, err, loopback.ErrWrongOrder)
 	assert.Len(t, cfg.SecureServing.SNICerts, 1)
 }

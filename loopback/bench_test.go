@@ -42,7 +42,7 @@ func BenchmarkLoopbackSetup(b *testing.B) {
 				if err := newOptions().ApplyTo(&info); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := loopback.ApplyTo(&info, &cfg, loopback.Options{KeyType: kt}); err != nil || cfg == nil {
+				if _, err := loopback.ApplyTo(&info, &cfg, loopback.CertificateConfig{KeyType: kt}); err != nil || cfg == nil {
 					b.Fatal(err)
 				}
 			}

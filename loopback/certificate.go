@@ -37,7 +37,7 @@ const (
 // needs rebuilding. All methods are safe for concurrent use.
 type Certificate struct {
 	ss        *dynamiccert.SelfSigned
-	opts      Options
+	opts      CertificateConfig
 	transport *http.Transport
 	trust     trust
 	// runSem serializes Run: the genericapiserver's serving code and a
@@ -57,7 +57,7 @@ var (
 
 // New validates opts, fills in their defaults and makes the first CA and
 // leaf, so the Certificate serves and verifies as soon as it returns.
-func New(opts Options) (*Certificate, error) {
+func NewCertificate(opts CertificateConfig) (*Certificate, error) {
 	if err := opts.complete(); err != nil {
 		return nil, fmt.Errorf("loopback certificate: %w", err)
 	}
@@ -84,8 +84,8 @@ func New(opts Options) (*Certificate, error) {
 	return c, nil
 }
 
-// Options returns the options in force, defaults filled in.
-func (c *Certificate) Options() Options { return c.opts }
+// Config returns the configuration in force, defaults filled in.
+func (c *Certificate) Config() CertificateConfig { return c.opts }
 
 // Name returns ProviderName.
 func (c *Certificate) Name() string { return c.ss.Name() }

@@ -36,11 +36,11 @@
 // A minimal wiring, after the usual SecureServingOptions.ApplyTo:
 //
 //	if err := secureServing.ApplyTo(&cfg.SecureServing); err != nil { ... }
-//	cert, err := loopback.ApplyToConfig(cfg, loopback.Options{})
+//	cert, err := loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 //
 // With RecommendedOptions, instead of o.RecommendedOptions.ApplyTo(cfg):
 //
-//	applied, err := loopback.ApplyRecommendedOptions(o.RecommendedOptions, cfg, loopback.ServingOptions{})
+//	applied, err := loopback.ApplyRecommendedOptions(o.RecommendedOptions, cfg, loopback.ApplyConfig{})
 //
 // Rotation runs in (*Certificate).Run. A genericapiserver starts Run for every
 // SNI certificate provider that implements ControllerRunner when it starts

@@ -63,7 +63,7 @@ func startGenericServer(tb testing.TB, upstream bool) *genericServer {
 		err = ss.WithLoopback().ApplyToConfig(cfg)
 	} else {
 		if err = ss.ApplyTo(&cfg.SecureServing); err == nil {
-			gs.cert, err = loopback.ApplyToConfig(cfg, loopback.Options{})
+			gs.cert, err = loopback.ApplyToConfig(cfg, loopback.CertificateConfig{})
 		}
 	}
 	if err != nil {

@@ -19,7 +19,7 @@ const HealthCheckName = "loopback-serving-certificate"
 // Certificate clock's time:
 //
 //   - the current leaf has expired, or
-//   - it is still served more than Options.Grace after its renewal time.
+//   - it is still served more than CertificateConfig.Grace after its renewal time.
 //
 // Its error says how long the leaf has left (or since when it expired) and
 // the last rotation error, if any; a passing check logs the time left at

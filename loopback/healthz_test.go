@@ -14,9 +14,9 @@ import (
 
 func TestHealthCheck(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
-	c, err := loopback.New(loopback.Options{Clock: fc, Validity: time.Hour})
+	c, err := loopback.NewCertificate(loopback.CertificateConfig{Clock: fc, Validity: time.Hour})
 	require.NoError(t, err)
-	grace := c.Options().Grace
+	grace := c.Config().Grace
 	require.Equal(t, 6*time.Minute, grace)
 	check := c.HealthCheck()
 	assert.Equal(t, "loopback-serving-certificate", check.Name())

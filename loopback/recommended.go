@@ -17,13 +17,13 @@ import (
 // certificate ApplyRecommendedOptions makes when none is given.
 const DefaultServingName = "serving"
 
-// ServingOptions configures ApplyRecommendedOptions. The zero value is
-// usable: a loopback certificate with the defaults of Options and, unless
+// ApplyConfig configures ApplyRecommendedOptions. The zero value is usable:
+// a loopback certificate with the defaults of CertificateConfig and, unless
 // certificate files are given, a self-signed serving certificate made and
 // rotated in memory.
-type ServingOptions struct {
-	// Loopback configures the loopback certificate (see Options).
-	Loopback Options
+type ApplyConfig struct {
+	// Loopback configures the loopback certificate (see CertificateConfig).
+	Loopback CertificateConfig
 	// Serving is the default serving certificate, the one served to clients
 	// whose SNI matches no SNI certificate: any CertKeyContentProvider, e.g.
 	// a dynamiccert.SelfSigned, Authority, FileCertKey or SecretCertKey.
@@ -51,7 +51,7 @@ type Applied struct {
 	// "loopback-serving-certificate" check and the PostStartHookName hook.
 	Loopback *Certificate
 	// Serving is the default serving certificate (cfg.SecureServing.Cert):
-	// ServingOptions.Serving, the provider of the certificate files or
+	// ApplyConfig.Serving, the provider of the certificate files or
 	// GeneratedCert, or the self-signed default, a *dynamiccert.SelfSigned
 	// whose CA bundle clients (and an APIService's caBundle) trust.
 	Serving dynamiccertificates.CertKeyContentProvider
@@ -63,7 +63,7 @@ type Applied struct {
 //
 //  1. the plain SecureServingOptions of o.SecureServing (listener, TLS
 //     settings, --tls-sni-cert-key), never its loopback part;
-//  2. the default serving certificate (ServingOptions.Serving);
+//  2. the default serving certificate (ApplyConfig.Serving);
 //  3. ApplyToConfig: evercert's loopback certificate first in SNICerts,
 //     cfg.LoopbackClientConfig, the "loopback-serving-certificate" check on
 //     /healthz and /livez, and the rotation post-start hook;
@@ -95,14 +95,14 @@ type Applied struct {
 //
 // With o.SecureServing nil or secure serving off (no Listener and BindPort
 // 0), steps 1 to 4 do nothing, as upstream, and both fields of Applied are
-// nil; a ServingOptions.Serving is then an error, not silently unused.
+// nil; an ApplyConfig.Serving is then an error, not silently unused.
 //
 // o itself is not modified; o.SecureServing gets its Listener, BindAddress
 // and BindPort filled in by SecureServingOptions.ApplyTo, as upstream. On an
 // error from step 5, cfg is partly applied, as with upstream: discard it.
 // ApplyRecommendedOptions is not safe for concurrent use with other changes
 // to o or cfg.
-func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.RecommendedConfig, opts ServingOptions) (*Applied, error) {
+func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.RecommendedConfig, opts ApplyConfig) (*Applied, error) {
 	if o == nil || cfg == nil {
 		return nil, errors.New("loopback.ApplyRecommendedOptions: options and config must not be nil")
 	}
@@ -163,7 +163,7 @@ func checkFreshConfig(cfg *server.Config) error {
 }
 
 // checkServingConflict returns an error if ss already names a serving
-// certificate, which ServingOptions.Serving would silently override.
+// certificate, which ApplyConfig.Serving would silently override.
 func checkServingConflict(ss *options.SecureServingOptions) error {
 	if ss == nil {
 		return nil
@@ -186,7 +186,7 @@ func checkServingConflict(ss *options.SecureServingOptions) error {
 
 // applyServing sets info.Cert to opts.Serving or, when neither that nor the
 // SecureServingOptions gave one, to the self-signed default.
-func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptions, opts ServingOptions) error {
+func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptions, opts ApplyConfig) error {
 	if opts.Serving != nil {
 		info.Cert = opts.Serving
 		return nil

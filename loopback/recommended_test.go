@@ -94,7 +94,7 @@ func TestApplyRecommendedOptions(t *testing.T) {
 		return nil, err
 	}
 	cfg := newRecommendedConfig()
-	applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{Loopback: loopback.Options{Clock: fc}})
+	applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{Loopback: loopback.CertificateConfig{Clock: fc}})
 	require.NoError(t, err)
 	require.NotNil(t, applied.Loopback)
 	require.NotNil(t, initializerConfig)
@@ -172,7 +172,7 @@ func TestApplyRecommendedOptionsWrongOrder(t *testing.T) {
 		o, cfg := recommendedOptions(t), newRecommendedConfig()
 		require.NoError(t, o.ApplyTo(cfg))
 		client, sni := cfg.LoopbackClientConfig, cfg.SecureServing.SNICerts
-		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{})
+		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
 		require.ErrorIs(t, err, loopback.ErrWrongOrder)
 		assert.ErrorContains(t, err, "call loopback.ApplyRecommendedOptions instead of RecommendedOptions.ApplyTo")
 		assert.Same(t, client, cfg.LoopbackClientConfig)
@@ -181,7 +181,7 @@ func TestApplyRecommendedOptionsWrongOrder(t *testing.T) {
 	t.Run("old wiring: loopback.ApplyToConfig after RecommendedOptions.ApplyTo", func(t *testing.T) {
 		o, cfg := recommendedOptions(t), newRecommendedConfig()
 		require.NoError(t, o.ApplyTo(cfg))
-		_, err := loopback.ApplyToConfig(&cfg.Config, loopback.Options{})
+		_, err := loopback.ApplyToConfig(&cfg.Config, loopback.CertificateConfig{})
 		require.ErrorIs(t, err, loopback.ErrWrongOrder)
 		assert.ErrorContains(t, err, "loopback.ApplyRecommendedOptions instead of RecommendedOptions.ApplyTo")
 		assert.Len(t, loopbackChecks(cfg.HealthzChecks), 1, "upstream's check only")
@@ -189,9 +189,9 @@ func TestApplyRecommendedOptionsWrongOrder(t *testing.T) {
 	})
 	t.Run("twice", func(t *testing.T) {
 		o, cfg := recommendedOptions(t), newRecommendedConfig()
-		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{})
+		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
 		require.NoError(t, err)
-		_, err = loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{})
+		_, err = loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
 		require.ErrorIs(t, err, loopback.ErrWrongOrder)
 		assert.Len(t, loopbackChecks(cfg.HealthzChecks), 1)
 	})
@@ -206,7 +206,7 @@ func TestApplyRecommendedOptionsServing(t *testing.T) {
 	require.NoError(t, err)
 
 	o, cfg := recommendedOptions(t), newRecommendedConfig()
-	applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{Serving: provider})
+	applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{Serving: provider})
 	require.NoError(t, err)
 	assert.Same(t, provider, applied.Serving)
 	assert.Same(t, provider, cfg.SecureServing.Cert)
@@ -225,7 +225,7 @@ func TestApplyRecommendedOptionsServing(t *testing.T) {
 			o.SecureServing.Listener, o.SecureServing.BindPort = nil, 1 // would bind if applied
 			o.SecureServing.ServerCert.CertDirectory = ""
 			set(o.SecureServing.SecureServingOptions)
-			_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{Serving: provider})
+			_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{Serving: provider})
 			require.Error(t, err)
 			assert.ErrorContains(t, err, name)
 			assert.Nil(t, o.SecureServing.Listener, "nothing was bound")
@@ -236,12 +236,12 @@ func TestApplyRecommendedOptionsServing(t *testing.T) {
 	t.Run("secure serving off", func(t *testing.T) {
 		o, cfg := recommendedOptions(t), newRecommendedConfig()
 		o.SecureServing.Listener, o.SecureServing.BindPort = nil, 0
-		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{Serving: provider})
+		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{Serving: provider})
 		assert.ErrorContains(t, err, "secure serving is off")
 
 		o, cfg = recommendedOptions(t), newRecommendedConfig()
 		o.SecureServing.Listener, o.SecureServing.BindPort = nil, 0
-		applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{})
+		applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
 		require.NoError(t, err, "as upstream, no secure serving means no loopback")
 		assert.Nil(t, applied.Loopback)
 		assert.Nil(t, applied.Serving)
@@ -262,7 +262,7 @@ const envUpstreamAfterwards = "EVERCERT_TEST_UPSTREAM_AFTERWARDS"
 func TestApplyRecommendedOptionsUpstreamAfterwards(t *testing.T) {
 	if os.Getenv(envUpstreamAfterwards) == "1" {
 		o, cfg := recommendedOptions(t), newRecommendedConfig()
-		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ServingOptions{})
+		_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
 		require.NoError(t, err)
 		require.NoError(t, o.SecureServing.ApplyToConfig(&cfg.Config)) // the wrong order
 		s, err := cfg.Complete().New("upstream-afterwards", server.NewEmptyDelegate())

@@ -17,7 +17,7 @@ import (
 
 func TestNewCertificate(t *testing.T) {
 	now := time.Date(2031, 5, 1, 0, 0, 0, 0, time.UTC)
-	c, err := loopback.New(loopback.Options{Clock: clocktesting.NewFakeClock(now)})
+	c, err := loopback.NewCertificate(loopback.CertificateConfig{Clock: clocktesting.NewFakeClock(now)})
 	require.NoError(t, err)
 
 	leaf := c.Leaf()
@@ -60,7 +60,7 @@ func TestHostPort(t *testing.T) {
 }
 
 func TestRestConfig(t *testing.T) {
-	c, err := loopback.New(loopback.Options{})
+	c, err := loopback.NewCertificate(loopback.CertificateConfig{})
 	require.NoError(t, err)
 
 	cfg, err := c.RestConfig("0.0.0.0:6443", "")

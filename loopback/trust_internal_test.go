@@ -13,7 +13,7 @@ import (
 
 func TestTrustPoolCachedByContent(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
-	c, err := New(Options{Clock: fc})
+	c, err := NewCertificate(CertificateConfig{Clock: fc})
 	require.NoError(t, err)
 
 	p1, err := c.trust.pool()
@@ -43,7 +43,7 @@ func TestTrustPoolCachedByContent(t *testing.T) {
 }
 
 func TestRunIsExclusive(t *testing.T) {
-	c, err := New(Options{})
+	c, err := NewCertificate(CertificateConfig{})
 	require.NoError(t, err)
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	done1 := make(chan struct{})
@@ -78,7 +78,7 @@ func (f *fakeRT) RoundTrip(*http.Request) (*http.Response, error) {
 }
 
 func TestUpgradeRequestsUseStaticTransport(t *testing.T) {
-	c, err := New(Options{})
+	c, err := NewCertificate(CertificateConfig{})
 	require.NoError(t, err)
 	static := &fakeRT{}
 	rt := c.WrapTransport(static)

@@ -48,7 +48,7 @@ func isUnknownAuthority(err error) bool {
 // verifying the server against the current bundle.
 func TestTrustFollowsRotation(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
-	c, err := loopback.New(loopback.Options{Clock: fc})
+	c, err := loopback.NewCertificate(loopback.CertificateConfig{Clock: fc})
 	require.NoError(t, err)
 	const token = "secret-token"
 	srv := tlsServer(t, c, token)
@@ -154,10 +154,10 @@ func TestTrustFollowsRotation(t *testing.T) {
 
 func TestTrustFailsClosed(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
-	c, err := loopback.New(loopback.Options{Clock: fc})
+	c, err := loopback.NewCertificate(loopback.CertificateConfig{Clock: fc})
 	require.NoError(t, err)
 	fc.Step(time.Second)
-	other, err := loopback.New(loopback.Options{Clock: fc})
+	other, err := loopback.NewCertificate(loopback.CertificateConfig{Clock: fc})
 	require.NoError(t, err)
 
 	t.Run("other CA", func(t *testing.T) {

@@ -172,7 +172,7 @@ func TestE2ESampleAPIServer(t *testing.T) {
 	// The test cluster runs without API priority and fairness, so it has no
 	// flow schemas for this server's filter either.
 	ro.Features.EnablePriorityAndFairness = false
-	o.Serving = loopback.ServingOptions{Loopback: loopback.Options{Clock: fc}, Serving: serving}
+	o.Serving = loopback.ApplyConfig{Loopback: loopback.CertificateConfig{Clock: fc}, Serving: serving}
 
 	cfg, err := o.Config()
 	require.NoError(t, err)

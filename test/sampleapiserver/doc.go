@@ -19,7 +19,7 @@
 //     the loopback client, keeps up.
 //
 // The serving certificate and the loopback certificate come from
-// Options.Serving (see loopback.ServingOptions): both rotate in memory
+// Options.Serving (see loopback.ApplyConfig): both rotate in memory
 // while the server runs, and the loopback client config every informer and
 // client above was built from follows every rotation.
 package sampleapiserver

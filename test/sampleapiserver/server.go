@@ -57,9 +57,9 @@ type Options struct {
 	// ExtraAdmissionInitializers is replaced by Config.
 	RecommendedOptions *genericoptions.RecommendedOptions
 	// Serving picks the serving certificate and configures the loopback
-	// certificate (loopback.ServingOptions). The zero value serves a
+	// certificate (loopback.ApplyConfig). The zero value serves a
 	// self-signed certificate made and rotated in memory.
-	Serving loopback.ServingOptions
+	Serving loopback.ApplyConfig
 }
 
 // NewOptions returns the defaults: objects stored under

@@ -144,7 +144,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	lb, err := loopback.New(loopback.Options{Validity: 2 * day, Clock: sim.view(loopback.ProviderName, 0, true)})
+	lb, err := loopback.NewCertificate(loopback.CertificateConfig{Validity: 2 * day, Clock: sim.view(loopback.ProviderName, 0, true)})
 	require.NoError(t, err)
 
 	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving,

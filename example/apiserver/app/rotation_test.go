@@ -214,7 +214,7 @@ func TestHealthCheckStalled(t *testing.T) {
 	}
 	require.Equal(t, 200, status("/healthz"))
 
-	fc.SetTime(s.Loopback.RenewAt().Add(s.Loopback.Options().Grace + time.Second))
+	fc.SetTime(s.Loopback.RenewAt().Add(s.Loopback.Config().Grace + time.Second))
 	assert.Error(t, s.Loopback.HealthCheck().Check(nil))
 	assert.Equal(t, 500, status("/healthz"), "stalled rotation fails healthz")
 	assert.Equal(t, 500, status("/livez"), "and livez")

@@ -104,7 +104,7 @@ func NewServer(o *Options) (*Server, error) {
 	if err := ss.ApplyTo(&cfg.SecureServing); err != nil {
 		return nil, fmt.Errorf("secure serving: %w", err)
 	}
-	cert, err := loopback.ApplyToConfig(cfg, loopback.Options{Validity: o.LoopbackValidity, Clock: o.LoopbackClock})
+	cert, err := loopback.ApplyToConfig(cfg, loopback.CertificateConfig{Validity: o.LoopbackValidity, Clock: o.LoopbackClock})
 	if err != nil {
 		return nil, fmt.Errorf("loopback certificate: %w", err)
 	}

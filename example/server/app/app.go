@@ -51,7 +51,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // a port in use) at once. It prints the URL, the CA bundle path and a curl
 // line to out once the server listens.
 func Run(ctx context.Context, opts *Options, out io.Writer) error {
-	lb, err := loopback.New(loopback.Options{Validity: opts.LoopbackValidity, Clock: opts.Clock})
+	lb, err := loopback.NewCertificate(loopback.CertificateConfig{Validity: opts.LoopbackValidity, Clock: opts.Clock})
 	if err != nil {
 		return fmt.Errorf("--loopback-validity: %w", err)
 	}

@@ -20,15 +20,15 @@ const (
 	MinValidity = time.Second
 )
 
-// Options configures a loopback Certificate. The zero value is usable and
-// gives the defaults documented on each field.
+// CertificateConfig configures a loopback Certificate. The zero value is
+// usable and gives the defaults documented on each field.
 //
 // The CA that signs the leaf is derived from Validity: it lives three
 // validities, its successor joins the CA bundle one validity before it
 // expires and starts signing a little later (see dynamiccert.SelfSignedConfig
 // for the exact schedule), so a trust bundle always holds every CA a served
 // leaf can chain to.
-type Options struct {
+type CertificateConfig struct {
 	// Validity is the lifetime of each loopback leaf certificate.
 	// Default DefaultValidity (24h); at least MinValidity.
 	Validity time.Duration
@@ -50,7 +50,7 @@ type Options struct {
 }
 
 // complete fills in defaults and validates.
-func (o *Options) complete() error {
+func (o *CertificateConfig) complete() error {
 	if o.Validity == 0 {
 		o.Validity = DefaultValidity
 	}

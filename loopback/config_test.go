@@ -12,7 +12,7 @@ import (
 )
 
 func TestOptionsDefaults(t *testing.T) {
-	var o Options
+	var o CertificateConfig
 	require.NoError(t, o.complete())
 	assert.Equal(t, 24*time.Hour, o.Validity)
 	assert.Equal(t, 8*time.Hour, o.RenewBefore, "renew at 2/3 of the validity")
@@ -20,13 +20,13 @@ func TestOptionsDefaults(t *testing.T) {
 	assert.Equal(t, clock.RealClock{}, o.Clock)
 	assert.Equal(t, 144*time.Minute, o.Grace, "grace is a tenth of the validity")
 
-	o = Options{Validity: time.Hour, RenewBefore: 10 * time.Minute}
+	o = CertificateConfig{Validity: time.Hour, RenewBefore: 10 * time.Minute}
 	require.NoError(t, o.complete())
 	assert.Equal(t, 5*time.Minute, o.Grace, "grace is capped at half of renew-before")
 }
 
 func TestOptionsValidation(t *testing.T) {
-	for name, o := range map[string]Options{
+	for name, o := range map[string]CertificateConfig{
 		"validity too short":       {Validity: time.Millisecond},
 		"renew-before >= validity": {Validity: time.Hour, RenewBefore: time.Hour},
 		"negative renew-before":    {RenewBefore: -time.Second},
@@ -35,7 +35,7 @@ func TestOptionsValidation(t *testing.T) {
 		"negative validity":        {Validity: -time.Hour},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := New(o)
+			_, err := NewCertificate(o)
 			assert.Error(t, err)
 		})
 	}
