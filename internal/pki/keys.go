@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"strings"
 )
 
 // KeyType selects the algorithm and size of a generated private key.
@@ -28,22 +27,9 @@ const (
 	RSA3072 KeyType = "rsa-3072"
 )
 
-// KeyTypes lists every supported KeyType, default first.
+// KeyTypes lists every supported KeyType, default first. Names are parsed
+// by dynamiccert.ParseKeyType, the public vocabulary.
 var KeyTypes = []KeyType{ECDSAP256, ECDSAP384, RSA2048, RSA3072}
-
-// ParseKeyType parses a KeyType by name, case-insensitively. The empty
-// string yields the default, ECDSAP256.
-func ParseKeyType(s string) (KeyType, error) {
-	if s == "" {
-		return ECDSAP256, nil
-	}
-	for _, kt := range KeyTypes {
-		if strings.EqualFold(s, string(kt)) {
-			return kt, nil
-		}
-	}
-	return "", fmt.Errorf("unknown key type %q (want one of %v)", s, KeyTypes)
-}
 
 // GenerateKey makes a new private key of type kt; the zero KeyType means
 // ECDSAP256.

@@ -315,24 +315,6 @@ func TestGenerateKey(t *testing.T) {
 	assert.ErrorContains(t, err, "dsa-1024")
 }
 
-func TestParseKeyType(t *testing.T) {
-	kt, err := ParseKeyType("")
-	require.NoError(t, err)
-	assert.Equal(t, ECDSAP256, kt)
-	for _, want := range KeyTypes {
-		for _, s := range []string{string(want), strings.ToUpper(string(want))} {
-			got, err := ParseKeyType(s)
-			require.NoError(t, err, s)
-			assert.Equal(t, want, got, s)
-		}
-	}
-	assert.Equal(t, ECDSAP256, KeyTypes[0], "default first")
-	for _, bad := range []string{"rsa", "ecdsa", "rsa-1024", "ed25519", " ecdsa-p256"} {
-		_, err := ParseKeyType(bad)
-		assert.ErrorContains(t, err, bad, bad)
-	}
-}
-
 func TestNewSerial(t *testing.T) {
 	limit := new(big.Int).Add(new(big.Int).Lsh(big.NewInt(1), 128), big.NewInt(1))
 	seen := map[string]bool{}
