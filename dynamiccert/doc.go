@@ -39,6 +39,16 @@
 // renewed together: the first is the provider's own content, the others
 // are served by its Alternatives, which the sni controller serves side by
 // side, giving each client the first it supports, ECDSA first.
+//
+// # Lifecycle
+//
+// Every provider has the lifecycle of dynamiccertificates.ControllerRunner,
+// like every evercert type that runs: New* validates the config (errors name
+// the field) and loads nothing; RunOnce loads once, synchronously, and
+// returns what went wrong, naming the source; Run(ctx, workers) keeps the
+// content current until ctx is done and returns once its goroutines have
+// stopped. A provider has a single loop, so workers is accepted for the
+// interface and ignored. RunOnce is optional: Run loads by itself.
 package dynamiccert
 
 // # Observed rotation
