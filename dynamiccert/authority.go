@@ -329,7 +329,7 @@ func (s *secretStore) update(ctx context.Context, decide func(*caSet) (bool, err
 			return st, err
 		}
 		// Another replica wrote first: re-read and decide again.
-		klog.V(2).InfoS("CA secret changed underneath us; re-reading", "provider", s.cfg.Name)
+		klog.FromContext(ctx).V(2).Info("CA secret changed underneath us; re-reading", "provider", s.cfg.Name)
 	}
 	return nil, err
 }
@@ -391,7 +391,7 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err))
 		}
 		s.lastWrite = secret.ResourceVersion
-		klog.V(2).InfoS("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
+		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
 			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored)
 	}
 	last := st.clone()
@@ -455,7 +455,7 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		if !exists {
 			why = "deleted"
 		}
-		klog.InfoS("CA secret was "+why+"; writing back the CAs this replica knows so clients keep their trust",
+		klog.Background().Info("CA secret was "+why+"; writing back the CAs this replica knows so clients keep their trust",
 			"provider", s.cfg.Name, "secret", s.src.key, "signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle))
 	}
 	return restored

@@ -45,7 +45,7 @@ func storeCertKey(cur *atomic.Pointer[certKeyContent], r *reporter, certPEM, key
 	prev := cur.Load()
 	if prev != nil && bytes.Equal(prev.cert, certPEM) && bytes.Equal(prev.key, keyPEM) {
 		if r.succeeded() {
-			klog.InfoS("Content is valid again, serving the same certificate", "provider", r.Provider())
+			klog.Background().Info("Content is valid again, serving the same certificate", "provider", r.Provider())
 		}
 		return false, nil
 	}

@@ -146,7 +146,7 @@ func (p *FileCA) tryLoad() error {
 	prev := p.cur.Load()
 	if prev != nil && bytes.Equal(prev.bundle, bundle) {
 		if p.src.report.succeeded() {
-			klog.InfoS("Content is valid again, serving the same CA bundle", "provider", p.src.name)
+			klog.Background().Info("Content is valid again, serving the same CA bundle", "provider", p.src.name)
 		}
 		return nil
 	}

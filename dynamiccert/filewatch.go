@@ -211,8 +211,8 @@ type watchLoop struct {
 // goroutine of its own; the fsnotify watcher's reader goroutine is closed
 // before run returns.
 func (s *fileSource) run(ctx context.Context, load func() error) {
-	klog.InfoS("Starting file certificate watch", "provider", s.name, "files", s.paths, "resync", s.resync)
-	defer klog.InfoS("Stopped file certificate watch", "provider", s.name)
+	klog.FromContext(ctx).Info("Starting file certificate watch", "provider", s.name, "files", s.paths, "resync", s.resync)
+	defer klog.FromContext(ctx).Info("Stopped file certificate watch", "provider", s.name)
 
 	l := &watchLoop{
 		s:          s,
@@ -258,7 +258,7 @@ func (s *fileSource) run(ctx context.Context, load func() error) {
 				l.watcherFailed(errors.New("fsnotify event channel closed"))
 				continue
 			}
-			klog.V(5).InfoS("File event", "provider", s.name, "event", ev.String())
+			klog.FromContext(ctx).V(5).Info("File event", "provider", s.name, "event", ev.String())
 			if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && l.desired[ev.Name] {
 				// A watched directory itself went away: drop its watch (it
 				// may already be gone) so that ensureWatch adds it again
@@ -279,7 +279,7 @@ func (s *fileSource) run(ctx context.Context, load func() error) {
 			}
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				// Events were lost, the watches are fine: just re-read.
-				klog.V(2).InfoS("File events overflowed, re-reading", "provider", s.name)
+				klog.FromContext(ctx).V(2).Info("File events overflowed, re-reading", "provider", s.name)
 				l.ensureWatch()
 				l.check()
 				continue
@@ -358,7 +358,7 @@ func (l *watchLoop) check() {
 	if l.failingSince.IsZero() {
 		l.failingSince = now
 		l.recheckDelay = fileRecheckMin
-		klog.V(4).InfoS("Files not valid yet, re-checking", "provider", l.s.name, "err", err)
+		klog.Background().V(4).Info("Files not valid yet, re-checking", "provider", l.s.name, "err", err)
 	}
 	deadline := l.failingSince.Add(l.s.grace)
 	if !now.Before(deadline) {
@@ -452,13 +452,13 @@ func (l *watchLoop) ensureWatch() (added bool) {
 		if err := l.w.Add(d); err != nil {
 			missing = true
 			if errors.Is(err, fs.ErrNotExist) {
-				klog.V(4).InfoS("Directory does not exist yet, will watch it when it appears", "provider", l.s.name, "dir", d)
+				klog.Background().V(4).Info("Directory does not exist yet, will watch it when it appears", "provider", l.s.name, "dir", d)
 			} else {
 				l.problem(fmt.Errorf("watching %s: %w", d, err))
 			}
 			continue
 		}
-		klog.V(4).InfoS("Watching directory", "provider", l.s.name, "dir", d)
+		klog.Background().V(4).Info("Watching directory", "provider", l.s.name, "dir", d)
 		added = true
 	}
 	if missing {

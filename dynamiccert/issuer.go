@@ -199,7 +199,7 @@ func (i *issuer) run(ctx context.Context) {
 		if backingOff {
 			kick = nil
 			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-				klog.V(2).InfoS("CA state keeps changing underneath us; backing off", "provider", i.cfg.name, "retryIn", wait)
+				klog.FromContext(ctx).V(2).Info("CA state keeps changing underneath us; backing off", "provider", i.cfg.name, "retryIn", wait)
 			}
 		}
 		t := i.cfg.clock.NewTimer(wait)
@@ -314,7 +314,7 @@ func (i *issuer) keepServing(now time.Time) {
 		return
 	}
 	if err := i.adopt(&st, now); err != nil {
-		klog.ErrorS(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
+		klog.Background().Error(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
 	}
 }
 
@@ -327,7 +327,7 @@ func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
 	certmetrics.UnsafeRotation(i.cfg.name)
 	msg := fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it; clients must refresh their trust bundle",
 		now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
-	klog.ErrorS(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
+	klog.Background().Error(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
 	i.report.Event(corev1.EventTypeWarning, ReasonUnsafeCARotation, certreport.ActionRotate, msg)
 }
 

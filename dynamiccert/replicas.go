@@ -264,12 +264,12 @@ func (r *replicaSet) collect(ctx context.Context) {
 		err := leases.Delete(ctx, d.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &d.version}})
 		switch {
 		case err == nil:
-			klog.V(2).InfoS("Deleted the Lease of a replica that is gone", "provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
+			klog.FromContext(ctx).V(2).Info("Deleted the Lease of a replica that is gone", "provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
 		case apierrors.IsForbidden(err):
 			r.mu.Lock()
 			r.collectForbidden = true
 			r.mu.Unlock()
-			klog.InfoS("Cannot delete the Leases of replicas that are gone (RBAC: allow delete on leases.coordination.k8s.io); they stay until removed",
+			klog.FromContext(ctx).Info("Cannot delete the Leases of replicas that are gone (RBAC: allow delete on leases.coordination.k8s.io); they stay until removed",
 				"provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
 			return
 		}

@@ -73,7 +73,7 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			return false, false, fmt.Errorf("making CA: %w", err)
 		}
 		cs.signing, changed = ca, true
-		klog.InfoS("Created signing CA", "provider", r.name, "ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter.UTC())
+		klog.Background().Info("Created signing CA", "provider", r.name, "ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter.UTC())
 	case cs.signing == nil || !r.valid(cs.signing.Cert, now):
 		if cs.next != nil && r.valid(cs.next.Cert, now) {
 			// No choice is left; the question is only whether clients can
@@ -89,7 +89,7 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			}
 			cs.signing, cs.next, changed, unsafe = ca, nil, true, true
 		}
-		klog.InfoS("Signing CA replaced after the previous one stopped being valid", "provider", r.name,
+		klog.Background().Info("Signing CA replaced after the previous one stopped being valid", "provider", r.name,
 			"ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert), "unsafe", unsafe)
 	default:
 		if cs.next == nil && !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore)) {
@@ -98,12 +98,12 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 				return false, false, fmt.Errorf("making successor CA: %w", err)
 			}
 			cs.next, cs.nextSince, cs.seenSince, changed = ca, now, now, true
-			klog.InfoS("Published successor CA; it signs once every observer has it", "provider", r.name,
+			klog.Background().Info("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
 		if cs.next != nil && r.promotable(cs, now, obs.all) {
 			cs.signing, cs.next, changed = cs.next, nil, true
-			klog.InfoS("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
+			klog.Background().Info("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
 	}
 	for _, ca := range []*pki.Issued{cs.signing, cs.next} {

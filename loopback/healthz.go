@@ -45,7 +45,7 @@ func (h healthCheck) Check(*http.Request) error {
 		problem = fmt.Sprintf("loopback serving certificate rotation has stalled: renewal was due %v ago, grace %v; %v of validity left",
 			now.Sub(renewAt).Round(time.Millisecond), h.c.opts.Grace, left.Round(time.Millisecond))
 	default:
-		klog.V(5).InfoS("Loopback serving certificate is current", "validityLeft", left, "renewAt", renewAt)
+		klog.Background().V(5).Info("Loopback serving certificate is current", "validityLeft", left, "renewAt", renewAt)
 		return nil
 	}
 	if err := h.c.LastError(); err != nil {

@@ -167,7 +167,7 @@ func (s *Signer) Run(ctx context.Context, workers int) {
 	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
 		return
 	}
-	klog.InfoS("Signing PodCertificateRequests", "signer", s.cfg.SignerName, "ca", s.cfg.CA.Name(), "workers", workers)
+	klog.FromContext(ctx).Info("Signing PodCertificateRequests", "signer", s.cfg.SignerName, "ca", s.cfg.CA.Name(), "workers", workers)
 	for range workers {
 		wg.Go(func() {
 			for s.processNext(ctx) {
@@ -267,9 +267,9 @@ func (s *Signer) processNext(ctx context.Context) bool {
 		s.lastErr[k] = err.Error()
 		s.mu.Unlock()
 		if !repeat {
-			klog.ErrorS(err, "PodCertificateRequest not decided yet; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "retryIn", delay)
+			klog.FromContext(ctx).Error(err, "PodCertificateRequest not decided yet; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "retryIn", delay)
 		} else {
-			klog.V(2).InfoS("PodCertificateRequest still not decided; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "err", err, "retryIn", delay)
+			klog.FromContext(ctx).V(2).Info("PodCertificateRequest still not decided; retrying with backoff", "request", k, "signer", s.cfg.SignerName, "err", err, "retryIn", delay)
 		}
 		s.queue.AddAfter(k, delay)
 	case wait:
@@ -337,7 +337,7 @@ func (s *Signer) sync(ctx context.Context, k string) (wait bool, err error) {
 		s.waiting[k] = struct{}{}
 		s.mu.Unlock()
 		if !already {
-			klog.InfoS("PodCertificateRequest waits for the CA", "request", k, "signer", s.cfg.SignerName, "reason", err.Error())
+			klog.FromContext(ctx).Info("PodCertificateRequest waits for the CA", "request", k, "signer", s.cfg.SignerName, "reason", err.Error())
 		}
 		return true, nil
 	case err != nil:
@@ -512,7 +512,7 @@ func (s *Signer) write(ctx context.Context, pcr *certificatesv1.PodCertificateRe
 		case gerr != nil:
 			return false, fmt.Errorf("reading PodCertificateRequest %s after a conflict: %w", k, gerr)
 		case final(cur):
-			klog.V(2).InfoS("PodCertificateRequest decided by another replica", "request", k, "signer", s.cfg.SignerName)
+			klog.FromContext(ctx).V(2).Info("PodCertificateRequest decided by another replica", "request", k, "signer", s.cfg.SignerName)
 			s.finish(pcr, cur.Status, certmetrics.PodCertificateConflict)
 			return false, nil
 		}
@@ -551,7 +551,7 @@ func (s *Signer) finish(pcr *certificatesv1.PodCertificateRequest, st certificat
 	if st.NotAfter != nil {
 		kv = append(kv, "notBefore", st.NotBefore.UTC(), "notAfter", st.NotAfter.UTC(), "beginRefreshAt", st.BeginRefreshAt.UTC())
 	}
-	klog.InfoS("PodCertificateRequest "+strings.ToLower(c.Type), kv...)
+	klog.Background().Info("PodCertificateRequest "+strings.ToLower(c.Type), kv...)
 	if s.cfg.EventRecorder != nil && result != certmetrics.PodCertificateIssued {
 		action := "Deny"
 		if result == certmetrics.PodCertificateFailed {

@@ -97,7 +97,7 @@ func (r *Reporter) Loaded(leaf *x509.Certificate, keysAndValues ...any) {
 	certmetrics.CertificateLoaded(r.provider, leaf.NotAfter, rotated)
 	serial := leaf.SerialNumber.Text(16)
 	notAfter := leaf.NotAfter.UTC().Format(time.RFC3339)
-	klog.InfoS("Loaded certificate", append([]any{"provider", r.provider,
+	klog.Background().Info("Loaded certificate", append([]any{"provider", r.provider,
 		"subject", leaf.Subject.CommonName, "serial", serial, "notAfter", notAfter,
 		"issuer", leaf.Issuer.CommonName, "rotated", rotated}, keysAndValues...)...)
 	if rotated {
@@ -127,7 +127,7 @@ func (r *Reporter) BundleLoaded(certs []*x509.Certificate, keysAndValues ...any)
 		subjects[i] = c.Subject.CommonName
 	}
 	certmetrics.CertificateLoaded(r.provider, notAfter, rotated)
-	klog.InfoS("Loaded CA bundle", append([]any{"provider", r.provider,
+	klog.Background().Info("Loaded CA bundle", append([]any{"provider", r.provider,
 		"certificates", len(certs), "subjects", subjects, "notAfter", notAfter.UTC().Format(time.RFC3339),
 		"rotated", rotated}, keysAndValues...)...)
 }
