@@ -14,7 +14,7 @@ import (
 
 // TestNewRefusesBadConfig: every bad field is reported at once, by name.
 func TestNewRefusesBadConfig(t *testing.T) {
-	_, err := New(SignerConfig{})
+	_, err := NewSigner(SignerConfig{})
 	require.Error(t, err)
 	for _, field := range []string{"SignerConfig.SignerName", "SignerConfig.CA", "SignerConfig.Client", "SignerConfig.Policy"} {
 		assert.Contains(t, err.Error(), field)
@@ -32,14 +32,14 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	} {
 		c := ok
 		mutate(&c)
-		_, err := New(c)
+		_, err := NewSigner(c)
 		assert.ErrorContains(t, err, field)
 	}
 	c := ok
 	c.KeyTypes = []string{}
-	_, err = New(c)
+	_, err = NewSigner(c)
 	assert.ErrorContains(t, err, "SignerConfig.KeyTypes", "an empty list would deny everything")
-	_, err = New(ok)
+	_, err = NewSigner(ok)
 	assert.NoError(t, err)
 }
 

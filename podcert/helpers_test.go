@@ -185,7 +185,7 @@ func (e *env) signer(ca LeafSigner, policy Policy, mutate ...func(*SignerConfig)
 		m(&cfg)
 	}
 	watches := e.watches()
-	s, err := New(cfg)
+	s, err := NewSigner(cfg)
 	require.NoError(e.t, err)
 	e.wg.Go(func() { s.Run(e.ctx, 2) })
 	require.Eventually(e.t, s.HasSynced, guard, time.Millisecond)

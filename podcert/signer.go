@@ -115,9 +115,9 @@ type Signer struct {
 	lastErr map[string]string
 }
 
-// New validates cfg and builds a Signer. Nothing runs until Run; the
+// NewSigner validates cfg and builds a Signer. Nothing runs until Run; the
 // Signer registers with cfg.CA to hear of CA changes.
-func New(cfg SignerConfig) (*Signer, error) {
+func NewSigner(cfg SignerConfig) (*Signer, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("podcert signer %q: %w", cfg.SignerName, err)
 	}

@@ -67,7 +67,7 @@ func New(opts *Options) (*Signer, error) {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	signer, err := podcert.New(podcert.SignerConfig{
+	signer, err := podcert.NewSigner(podcert.SignerConfig{
 		SignerName: opts.SignerName, CA: authority, Client: client, Policy: policy,
 		KeyTypes: opts.KeyTypes, MaxLifetime: opts.MaxLifetime, Clock: opts.Clock,
 		EventRecorder: broadcaster.NewRecorder(scheme.Scheme, reportingController),
