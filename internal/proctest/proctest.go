@@ -53,6 +53,10 @@ type Process struct {
 	out    strings.Builder
 }
 
+// Pid returns the process id, for reading what the process used from
+// /proc (its CPU time, say).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Output returns everything the process wrote to stdout and stderr so far.
 func (p *Process) Output() string {
 	p.mu.Lock()
