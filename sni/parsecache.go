@@ -24,7 +24,8 @@ import (
 // that provider: upstream re-parses and re-logs every certificate on every
 // change.
 //
-// Slots are owned by the controller and only touched under its syncMu.
+// Slots are owned by the controller and only touched under its syncMu
+// (certSlot.queued excepted).
 
 // certSlot caches one certificate provider (the serving one or an SNI one).
 type certSlot struct {
@@ -57,6 +58,20 @@ type certSlot struct {
 	// the current content is the good one.
 	badCert, badKey []byte
 	badErr          error
+
+	// What the current snapshot holds of this slot, so that a rebuild after
+	// content changes can derive the next snapshot from it (see
+	// deriveSnapshot). inSnapshot is the pair it serves (nil if none) and
+	// servedIndex its entry in snapshot.served; reindex is set when the
+	// slot's names, or whether it has a certificate at all, changed since
+	// the last full build, which then must rebuild the name index.
+	inSnapshot  *pki.KeyPair
+	servedIndex int
+	reindex     bool
+
+	// queued is set while the slot is in the controller's dirty list;
+	// guarded by the controller's dirtyMu, not syncMu.
+	queued bool
 }
 
 // refreshResult tells the controller what one slot refresh did.
@@ -89,6 +104,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 				s.explicit = withoutIPs(s.explicit)
 			}
 			res.changed = true
+			s.reindex = true
 		}
 	}
 
@@ -127,8 +143,12 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	}
 
 	rotated := s.pair != nil
+	extracted := extractNames(pair.Leaf)
+	if !rotated || !slices.Equal(extracted, s.extracted) {
+		s.reindex = true
+	}
 	s.cert, s.key, s.pair = certPEM, keyPEM, pair
-	s.extracted = extractNames(pair.Leaf)
+	s.extracted = extracted
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil

@@ -36,7 +36,7 @@ type snapshot struct {
 	// defaultIndex is def. It is kept compact (pointers to descriptions the
 	// parse cache made once) because a rebuild with thousands of providers
 	// should not re-describe every certificate; Served expands it.
-	served       []servedEntry
+	served       servedList
 	defaultIndex int
 	// clientCAs describe the client CA bundle; shared with the parse cache,
 	// never modified.
@@ -86,13 +86,14 @@ func classify(name string, explicit bool) (nameKind, string, netip.Addr) {
 }
 
 // buildSnapshot builds the name index and the prepared config from the
-// slots' last good content. It fails only if there is no certificate at all.
+// slots' last good content, and records each slot's entry in served
+// (certSlot.servedIndex). It fails only if there is no certificate at all.
 func buildSnapshot(in snapshotInput) (*snapshot, error) {
-	s := &snapshot{served: make([]servedEntry, 0, 1+len(in.sni))}
+	s := &snapshot{served: newServedList(1 + len(in.sni))}
 
 	if in.serving != nil && in.serving.pair != nil {
 		s.def = &in.serving.pair.TLS
-		s.served = append(s.served, servedEntry{desc: in.serving.desc})
+		in.serving.servedIndex = s.served.append(servedEntry{desc: in.serving.desc})
 	}
 	nNames := 0
 	for _, slot := range in.sni {
@@ -104,9 +105,9 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 			// given order is the default, so the choice never varies. A
 			// name-only certificate is an internal identity, never a default.
 			s.def = &slot.pair.TLS
-			s.defaultIndex = len(s.served)
+			s.defaultIndex = s.served.len()
 		}
-		s.served = append(s.served, servedEntry{desc: slot.desc})
+		slot.servedIndex = s.served.append(servedEntry{desc: slot.desc})
 		names, _ := slot.names()
 		nNames += len(names)
 	}
@@ -137,7 +138,7 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	// Record which names each certificate won, in its own order, in one
 	// buffer for all of them.
 	buf := make([]string, 0, nNames)
-	i := len(s.served) - 1
+	i := s.served.len() - 1
 	for j := len(in.sni) - 1; j >= 0; j-- { // backwards, to pair slots with entries
 		slot := in.sni[j]
 		if slot.pair == nil {
@@ -150,10 +151,17 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 				buf = append(buf, name)
 			}
 		}
-		s.served[i].names = buf[start:len(buf):len(buf)]
+		s.served.at(i).names = buf[start:len(buf):len(buf)]
 		i--
 	}
 
+	s.prepareConfig(in)
+	return s, nil
+}
+
+// prepareConfig sets the config handed to crypto/tls, and the client CA
+// descriptions, from in's base config and client CA.
+func (s *snapshot) prepareConfig(in snapshotInput) {
 	cfg := in.base.Clone()
 	cfg.Certificates = nil
 	//lint:ignore SA1019 cleared so crypto/tls never consults a map a caller left in the base config
@@ -173,7 +181,6 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 		}
 	}
 	s.config = cfg
-	return s, nil
 }
 
 // claim gives name to cert unless an earlier claim holds it.
