@@ -7,8 +7,14 @@
 // interfaces). When a provider reports a change, a work queue coalesces the
 // notifications, and a single worker rebuilds an immutable snapshot:
 //
-//   - each provider's PEM is parsed once per distinct content and cached, so
-//     a provider that did not change is never parsed, logged or counted again;
+//   - only the providers that reported a change are read again (Enqueue,
+//     the periodic resync and RunOnce read them all), and each provider's
+//     PEM is parsed once per distinct content and cached, so a provider that
+//     did not change is never parsed, logged or counted again;
+//   - when no provider's names changed, the new snapshot is derived from the
+//     previous one: the new certificates replace the old in copies of what
+//     they touch, and the rest is shared, so a rotation among 100,000
+//     providers costs milliseconds, not a rebuild of the whole name index;
 //   - new content that fails validation is counted in
 //     evercert_certificate_load_errors_total and logged once, and the
 //     provider's last good certificate stays in service;

@@ -3,7 +3,6 @@ package handshake
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -186,7 +185,7 @@ func connect(addr string, cfg *tls.Config) (tls.ConnectionState, error) {
 		return tls.ConnectionState{}, fmt.Errorf("close_notify to %s: %w", addr, err)
 	}
 	// A rejected client certificate surfaces here, as an alert.
-	if _, err := io.Copy(io.Discard, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+	if _, err := io.Copy(io.Discard, conn); err != nil {
 		return tls.ConnectionState{}, fmt.Errorf("reading from %s: %w", addr, err)
 	}
 	return conn.ConnectionState(), nil
