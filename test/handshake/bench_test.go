@@ -18,8 +18,8 @@ import (
 //
 // Metrics, per server NAME (evercert, upstream, static):
 //   - NAME-hs/s: connections per second, each a new TCP connection, a
-//     full TLS 1.3 handshake and the close (see connect), from the client's
-//     clock;
+//     full TLS 1.3 handshake and the close (tlstest.Exchange), from the
+//     client's clock;
 //   - NAME-server-us/hs: the server process's CPU time per connection,
 //     from /proc, over the whole loop (background work included, such as
 //     the example server's once-a-second loopback self-check);
@@ -38,7 +38,7 @@ func BenchmarkServerHandshake(b *testing.B) {
 	targets := startTargets(b, f.servingArgs()...)
 	cfg := clientConfig(c)
 	measureInterleaved(b, targets, func(t *target) (tls.ConnectionState, error) {
-		return connect(t.addr, cfg)
+		return tlstest.Exchange(t.addr, cfg)
 	})
 	reportHandshakes(b, targets)
 }
@@ -55,7 +55,7 @@ func BenchmarkServerHandshakeMTLS(b *testing.B) {
 	cfg := clientConfig(c)
 	cfg.Certificates = []tls.Certificate{c.client}
 	measureInterleaved(b, targets, func(t *target) (tls.ConnectionState, error) {
-		return connect(t.addr, cfg)
+		return tlstest.Exchange(t.addr, cfg)
 	})
 	reportHandshakes(b, targets)
 }
@@ -100,7 +100,7 @@ func BenchmarkServerResumption(b *testing.B) {
 		}
 	}
 	measureInterleaved(b, targets, func(t *target) (tls.ConnectionState, error) {
-		return connect(t.addr, clients[t.name])
+		return tlstest.Exchange(t.addr, clients[t.name])
 	}, rotate)
 	for _, t := range targets {
 		b.ReportMetric(float64(t.resumed)/float64(t.n), t.name+"-resumed")

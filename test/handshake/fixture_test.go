@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,8 +25,6 @@ const (
 	servingName = "localhost"
 	// sniName is the SNI certificate's name.
 	sniName = "sni.test"
-	// ioTimeout bounds each connection; it only guards against a hang.
-	ioTimeout = 10 * time.Second
 )
 
 // servingLine is the line all three servers log once they listen.
@@ -160,35 +157,6 @@ func startTargets(tb testing.TB, args ...string) []*target {
 		targets = append(targets, &target{name: kind, addr: addr, pid: p.Pid()})
 	}
 	return targets
-}
-
-// connect opens a new connection to addr, completes the TLS handshake,
-// sends close_notify and reads until the server closes the connection. By
-// then the server has done everything it does for a client that connects
-// and sends no request: the handshake (with the verification of a client
-// certificate, which TLS 1.3 does after the client has finished), the
-// session ticket, the HTTP/1.1 or HTTP/2 connection set-up, and the close.
-func connect(addr string, cfg *tls.Config) (tls.ConnectionState, error) {
-	raw, err := net.DialTimeout("tcp", addr, ioTimeout)
-	if err != nil {
-		return tls.ConnectionState{}, err
-	}
-	conn := tls.Client(raw, cfg)
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(ioTimeout)); err != nil {
-		return tls.ConnectionState{}, err
-	}
-	if err := conn.Handshake(); err != nil {
-		return tls.ConnectionState{}, fmt.Errorf("handshake with %s: %w", addr, err)
-	}
-	if err := conn.CloseWrite(); err != nil {
-		return tls.ConnectionState{}, fmt.Errorf("close_notify to %s: %w", addr, err)
-	}
-	// A rejected client certificate surfaces here, as an alert.
-	if _, err := io.Copy(io.Discard, conn); err != nil {
-		return tls.ConnectionState{}, fmt.Errorf("reading from %s: %w", addr, err)
-	}
-	return conn.ConnectionState(), nil
 }
 
 // processCPU returns the CPU time the process pid has used so far, the sum

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/tlstest"
 )
 
 // TestServersServeAlike checks what makes the benchmarks a fair comparison:
@@ -35,14 +36,14 @@ func TestServersServeAlike(t *testing.T) {
 	resuming := map[string]*tls.Config{}
 	for _, tg := range targets {
 		t.Run(tg.name, func(t *testing.T) {
-			st, err := connect(tg.addr, clientConfig(c))
+			st, err := tlstest.Exchange(tg.addr, clientConfig(c))
 			require.NoError(t, err)
 			assert.Equal(t, c.serving.Cert.SerialNumber, st.PeerCertificates[0].SerialNumber, "serving certificate")
 			assert.Equal(t, "h2", st.NegotiatedProtocol)
 
 			sni := clientConfig(c)
 			sni.ServerName = sniName
-			st, err = connect(tg.addr, sni)
+			st, err = tlstest.Exchange(tg.addr, sni)
 			require.NoError(t, err)
 			assert.Equal(t, c.sni[0].Cert.SerialNumber, st.PeerCertificates[0].SerialNumber, "SNI certificate")
 
@@ -56,19 +57,19 @@ func TestServersServeAlike(t *testing.T) {
 				return present, nil
 			}
 			present = &c.client
-			_, err = connect(tg.addr, withCert)
+			_, err = tlstest.Exchange(tg.addr, withCert)
 			require.NoError(t, err, "a client certificate from the client CA is accepted")
 			assert.True(t, requested, "the server asks for a client certificate")
 			present = &strangerCert
-			_, err = connect(tg.addr, withCert)
+			_, err = tlstest.Exchange(tg.addr, withCert)
 			require.Error(t, err, "a client certificate from another CA is rejected")
 
 			cfg := clientConfig(c)
 			cfg.SessionTicketsDisabled = false
 			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
-			_, err = connect(tg.addr, cfg)
+			_, err = tlstest.Exchange(tg.addr, cfg)
 			require.NoError(t, err)
-			st, err = connect(tg.addr, cfg)
+			st, err = tlstest.Exchange(tg.addr, cfg)
 			require.NoError(t, err)
 			require.True(t, st.DidResume, "the second connection resumes")
 			resuming[tg.name] = cfg
@@ -90,7 +91,7 @@ func TestServersServeAlike(t *testing.T) {
 		require.NoError(t, waitServed(tg.addr, next.Cert.SerialNumber.Text(16)), tg.name)
 	}
 	for _, tg := range targets {
-		st, err := connect(tg.addr, resuming[tg.name])
+		st, err := tlstest.Exchange(tg.addr, resuming[tg.name])
 		require.NoError(t, err, tg.name)
 		assert.True(t, st.DidResume, "%s: a ticket from before the SNI rotation resumes after it", tg.name)
 	}
