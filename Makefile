@@ -8,17 +8,17 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-fips test-alerts test-controller-runtime soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
 build:
 	$(GO) build ./...
 
-## test: everything CI runs (unit with -race, end-to-end against a real
-## kube-apiserver, short soak, FIPS 140-3 mode, the alert rules, the
-## controller-runtime recipe).
-test: test-unit test-alloc test-fips test-alerts test-controller-runtime test-e2e soak-short
+## test: everything CI runs (unit with -race, the allocation checks, end-to-end
+## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
+## rules, the controller-runtime recipe).
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -89,6 +89,15 @@ soak-run:
 	@rc=0; $(GO) test $(SOAK_FLAGS) -v -count=1 -timeout 60m -tags soak ./test/soak/... -args $(SOAK_ARGS) > $(CURDIR)/tmp/soak.log 2>&1 || rc=$$?; \
 	grep -E '^(--- |ok |FAIL|PASS)|soak report' $(CURDIR)/tmp/soak.log; \
 	if [ $$rc -ne 0 ]; then tail -100 $(CURDIR)/tmp/soak.log; fi; exit $$rc
+
+## test-alloc-server: a TLS connection to the example server allocates no
+## more than one to a net/http server on a static tls.Config (without -race,
+## like test-alloc). Fails if the test did not run.
+test-alloc-server:
+	@mkdir -p $(CURDIR)/tmp
+	$(GO) test -count=1 -v -run '^TestPerConnectionAllocationsMatchStatic$$' ./example/server/ > $(CURDIR)/tmp/alloc-server.log 2>&1 || { cat $(CURDIR)/tmp/alloc-server.log; exit 1; }
+	@grep -E '^--- PASS: TestPerConnectionAllocationsMatchStatic ' $(CURDIR)/tmp/alloc-server.log || { echo 'test-alloc-server: TestPerConnectionAllocationsMatchStatic did not run'; cat $(CURDIR)/tmp/alloc-server.log; exit 1; }
+	@grep -E '^    alloc_test' $(CURDIR)/tmp/alloc-server.log
 
 ## bench: benchmarks side by side with upstream and a static tls.Config; writes BENCHMARKS.md.
 bench:

@@ -1,10 +1,15 @@
 package sni
 
 import (
+	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/tlstest"
 )
 
 // Benchmarks compare evercert's controller with upstream's and with a
@@ -24,16 +30,25 @@ var benchSink any
 type benchFixture struct {
 	ca      *pki.Issued
 	serving map[pki.KeyType]*pki.Issued
-	sni     []*pki.Issued // 10,000 ECDSA leaves: host-<i>.example.test
-	sniAlt  *pki.Issued   // a second certificate for host-0, for rebuilds
+	// sni are ECDSA P-256 leaves for host-<i>.example.test, made on demand
+	// by sniLeaves and kept as PEM only (a parsed certificate per leaf
+	// would cost the process hundreds of MB at 100,000). They share one key,
+	// because generating 100,000 keys takes longer than signing: the
+	// controller still parses each provider's key PEM into a key of its
+	// own, so what it holds per certificate is what distinct keys cost.
+	sni    []*pki.Issued
+	sniKey crypto.Signer
+	sniAlt *pki.Issued // a second certificate for host-0, for rebuilds
 }
 
 var (
 	benchOnce sync.Once
 	bench     benchFixture
+	sniMu     sync.Mutex
 )
 
-const maxSNI = 10000
+// maxSNI is the largest number of SNI certificates benchmarked.
+const maxSNI = 100000
 
 func benchCerts(b *testing.B) *benchFixture {
 	b.Helper()
@@ -46,14 +61,54 @@ func benchCerts(b *testing.B) *benchFixture {
 		for _, kt := range []pki.KeyType{pki.ECDSAP256, pki.RSA2048} {
 			bench.serving[kt] = issueLeaf(b, bench.ca, leafSpec{cn: "default.test", dns: []string{"default.test"}, now: now, keyType: kt})
 		}
-		bench.sni = make([]*pki.Issued, maxSNI)
-		for i := range bench.sni {
-			name := fmt.Sprintf("host-%d.example.test", i)
-			bench.sni[i] = issueLeaf(b, bench.ca, leafSpec{cn: name, dns: []string{name}, now: now})
+		key, err := pki.GenerateKey(pki.ECDSAP256)
+		if err != nil {
+			b.Fatal(err)
 		}
+		bench.sniKey = key
 		bench.sniAlt = issueLeaf(b, bench.ca, leafSpec{cn: "host-0.example.test", dns: []string{"host-0.example.test"}, now: now})
 	})
 	return &bench
+}
+
+// sniLeaves returns the first n SNI leaves, issuing the missing ones on all
+// CPUs.
+func (f *benchFixture) sniLeaves(b *testing.B, n int) []*pki.Issued {
+	b.Helper()
+	sniMu.Lock()
+	defer sniMu.Unlock()
+	if len(f.sni) >= n {
+		return f.sni[:n]
+	}
+	start := len(f.sni)
+	f.sni = append(f.sni, make([]*pki.Issued, n-start)...)
+	now := time.Now()
+	workers := runtime.GOMAXPROCS(0)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			var keyPEM []byte
+			for i := start + w; i < n; i += workers {
+				name := fmt.Sprintf("host-%d.example.test", i)
+				leaf, err := pki.IssueLeaf(f.ca, pki.Request{CommonName: name, DNSNames: []string{name}, Now: now, Lifetime: 12 * time.Hour, Key: f.sniKey})
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				if keyPEM == nil {
+					keyPEM = leaf.KeyPEM
+				}
+				f.sni[i] = &pki.Issued{CertPEM: leaf.CertPEM, KeyPEM: keyPEM}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		f.sni = f.sni[:start]
+		b.Fatal(err)
+	}
+	return f.sni[:n]
 }
 
 func staticSNI(b *testing.B, iss *pki.Issued, name string) dynamiccertificates.SNICertKeyContentProvider {
@@ -76,8 +131,8 @@ func BenchmarkGetConfigForClient(b *testing.B) {
 		b.Fatal(err)
 	}
 	var sniCerts []dynamiccertificates.SNICertKeyContentProvider
-	for i := range 3 {
-		sniCerts = append(sniCerts, staticSNI(b, f.sni[i], fmt.Sprintf("sni-%d", i)))
+	for i, leaf := range f.sniLeaves(b, 3) {
+		sniCerts = append(sniCerts, staticSNI(b, leaf, fmt.Sprintf("sni-%d", i)))
 	}
 	hello := &tls.ClientHelloInfo{ServerName: "host-1.example.test"}
 
@@ -144,7 +199,7 @@ func BenchmarkHandshake(b *testing.B) {
 		evercert := newController(b, ControllerConfig{
 			Base:    &tls.Config{MinVersion: tls.VersionTLS12},
 			Serving: staticCertKey(b, iss),
-			SNI:     []dynamiccertificates.SNICertKeyContentProvider{staticSNI(b, f.sni[0], "sni-0")},
+			SNI:     []dynamiccertificates.SNICertKeyContentProvider{staticSNI(b, f.sniLeaves(b, 1)[0], "sni-0")},
 		})
 		if err := evercert.RunOnce(context.Background()); err != nil {
 			b.Fatal(err)
@@ -222,13 +277,29 @@ func benchHandshakes(b *testing.B, serverCfg *tls.Config, f *benchFixture) {
 	}
 }
 
-// scaleControllers caches one controller per size across sub-benchmarks;
-// priming the 10,000-certificate one parses 10,000 certificates.
+// scaleControllers caches one controller per size across sub-benchmarks and
+// -count runs; priming the 100,000-certificate one parses 100,000
+// certificates.
 var scaleControllers = map[int]*scaleController{}
 
 type scaleController struct {
 	c         *DynamicServingCertificateController
 	providers []*mutableProvider
+}
+
+// scaleProviders returns n SNI providers named prefix-<i> serving the first
+// n fixture leaves, as the controller's argument and as the mutable
+// providers themselves.
+func scaleProviders(b *testing.B, n int, prefix string) ([]dynamiccertificates.SNICertKeyContentProvider, []*mutableProvider) {
+	b.Helper()
+	leaves := benchCerts(b).sniLeaves(b, n)
+	sniCerts := make([]dynamiccertificates.SNICertKeyContentProvider, n)
+	providers := make([]*mutableProvider, n)
+	for i, leaf := range leaves {
+		providers[i] = newMutable(fmt.Sprintf("%s-%d", prefix, i), leaf)
+		sniCerts[i] = providers[i]
+	}
+	return sniCerts, providers
 }
 
 func scaleFor(b *testing.B, n int) *scaleController {
@@ -238,12 +309,8 @@ func scaleFor(b *testing.B, n int) *scaleController {
 	}
 	f := benchCerts(b)
 	sc := &scaleController{}
-	sniCerts := make([]dynamiccertificates.SNICertKeyContentProvider, n)
-	for i := range n {
-		p := newMutable(fmt.Sprintf("sni-%d", i), f.sni[i])
-		sc.providers = append(sc.providers, p)
-		sniCerts[i] = p
-	}
+	var sniCerts []dynamiccertificates.SNICertKeyContentProvider
+	sniCerts, sc.providers = scaleProviders(b, n, "sni")
 	sc.c = newController(b, ControllerConfig{Serving: staticCertKey(b, f.serving[pki.ECDSAP256]), SNI: sniCerts})
 	if err := sc.c.RunOnce(context.Background()); err != nil {
 		b.Fatal(err)
@@ -252,18 +319,35 @@ func scaleFor(b *testing.B, n int) *scaleController {
 	return sc
 }
 
-// BenchmarkSNIScale measures certificate selection (GetConfigForClient plus
-// GetCertificate) with 1, 100 and 10,000 SNI certificates, cycling through
-// all names; and the cost of the rebuild after one of 10,000 providers
-// changed, which parses only that provider.
+// BenchmarkSNIScale measures, with 1 to 100,000 SNI certificates (one
+// provider each, one name each):
+//
+//   - select/n=N: certificate selection (GetConfigForClient plus
+//     GetCertificate), cycling through all names;
+//   - rebuild-one-changed/n=N: one provider's certificate changes (same
+//     names) and it notifies; the queued sync reads and parses that
+//     provider alone, and derives the new snapshot from the previous one;
+//   - rebuild-one-changed-upstream/n=10000: the same change through
+//     upstream's controller (RunOnce), which re-parses every certificate;
+//   - startup/n=100000: a new controller on 100,000 providers, from its
+//     construction and Run to the first successful TLS handshake on
+//     127.0.0.1 (ms-to-first-handshake), and the heap it holds per
+//     certificate then (B/cert: runtime.MemStats.HeapAlloc after a GC,
+//     before construction and after the first handshake; parsed
+//     certificates and keys, the name index, the served descriptions and
+//     each provider's metric series; the PEM the providers hold is not
+//     counted).
 func BenchmarkSNIScale(b *testing.B) {
-	for _, n := range []int{1, 100, maxSNI} {
+	for _, n := range []int{1, 100, 10000, maxSNI} {
 		b.Run(fmt.Sprintf("select/n=%d", n), func(b *testing.B) {
 			sc := scaleFor(b, n)
 			hellos := make([]*tls.ClientHelloInfo, n)
 			for i := range hellos {
 				hellos[i] = &tls.ClientHelloInfo{ServerName: fmt.Sprintf("host-%d.example.test", i)}
 			}
+			// Not the garbage of making and parsing the certificates: a
+			// GC marking it would slow the loop down.
+			runtime.GC()
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -281,20 +365,110 @@ func BenchmarkSNIScale(b *testing.B) {
 			}
 		})
 	}
-	b.Run(fmt.Sprintf("rebuild-one-changed/n=%d", maxSNI), func(b *testing.B) {
+	for _, n := range []int{10000, maxSNI} {
+		b.Run(fmt.Sprintf("rebuild-one-changed/n=%d", n), func(b *testing.B) {
+			f := benchCerts(b)
+			sc := scaleFor(b, n)
+			contents := []*pki.Issued{f.sniAlt, f.sniLeaves(b, 1)[0]}
+			runtime.GC() // as in select
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				next := contents[i%2]
+				i++
+				// The provider notifies, and the worker's step of Run
+				// processes the queued sync (Run itself can be started
+				// only once, and sc is shared by every run).
+				sc.providers[0].Set(next.CertPEM, next.KeyPEM)
+				sc.c.processNextWorkItem()
+			}
+			// The last change is served.
+			want, _ := pem.Decode(contents[(i-1)%2].CertPEM)
+			cert, err := sc.c.GetCertificate(&tls.ClientHelloInfo{ServerName: "host-0.example.test"})
+			if err != nil || want == nil || !bytes.Equal(cert.Certificate[0], want.Bytes) {
+				b.Fatalf("host-0 does not serve the last certificate set (%v)", err)
+			}
+		})
+	}
+	b.Run("rebuild-one-changed-upstream/n=10000", func(b *testing.B) {
 		f := benchCerts(b)
-		sc := scaleFor(b, maxSNI)
-		contents := []*pki.Issued{f.sniAlt, f.sni[0]}
+		sniCerts, providers := scaleProviders(b, 10000, "upstream-sni")
+		c := dynamiccertificates.NewDynamicServingCertificateController(&tls.Config{MinVersion: tls.VersionTLS12}, nil,
+			staticCertKey(b, f.serving[pki.ECDSAP256]), sniCerts, nil)
+		if err := c.RunOnce(); err != nil {
+			b.Fatal(err)
+		}
+		contents := []*pki.Issued{f.sniAlt, f.sniLeaves(b, 1)[0]}
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			next := contents[i%2]
 			i++
-			// Quietly: the queue is not running; sync is called directly.
-			sc.providers[0].setQuietly(next.CertPEM, next.KeyPEM)
-			if _, err := sc.c.sync(); err != nil {
+			providers[0].setQuietly(next.CertPEM, next.KeyPEM)
+			if err := c.RunOnce(); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+	b.Run(fmt.Sprintf("startup/n=%d", maxSNI), benchStartup)
+}
+
+// startupRuns numbers the start-up measurements of this process, so that
+// each uses provider names of its own: a name seen before would find its
+// metric series already made, and the start-up would look cheaper than a
+// process's first.
+var startupRuns int
+
+func benchStartup(b *testing.B) {
+	f := benchCerts(b)
+	client := &tls.Config{ServerName: "host-0.example.test", RootCAs: x509Pool(b, f.ca), MinVersion: tls.VersionTLS13}
+	var (
+		total    time.Duration
+		perCert  float64
+		measured int
+	)
+	for b.Loop() {
+		startupRuns++
+		sniCerts, _ := scaleProviders(b, maxSNI, fmt.Sprintf("startup%d-sni", startupRuns))
+		serving := staticCertKey(b, f.serving[pki.ECDSAP256])
+		before := heapAfterGC()
+
+		start := time.Now()
+		c := newController(b, ControllerConfig{Serving: serving, SNI: sniCerts})
+		addr := tlstest.Server(b, c.TLSConfig())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.Run(ctx, 1)
+		}()
+		for {
+			_, err := tlstest.Handshake(addr, client)
+			if err == nil {
+				break
+			}
+			if time.Since(start) > 10*time.Minute {
+				cancel()
+				b.Fatalf("no successful handshake within 10 minutes of start: %v", err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		total += time.Since(start)
+
+		perCert += float64(heapAfterGC()-before) / maxSNI
+		measured++
+		cancel()
+		<-done
+		runtime.KeepAlive(sniCerts)
+	}
+	b.ReportMetric(float64(total.Milliseconds())/float64(measured), "ms-to-first-handshake")
+	b.ReportMetric(perCert/float64(measured), "B/cert")
+}
+
+// heapAfterGC returns the bytes of live heap objects after a full GC.
+func heapAfterGC() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
 }

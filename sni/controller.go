@@ -60,6 +60,15 @@ type DynamicServingCertificateController struct {
 	sniSlots []*certSlot // guarded by syncMu; alternatives right after their provider
 	clientCA *caSlot     // guarded by syncMu; nil without a client CA provider
 
+	// dirtyMu guards what the next sync must re-read: the slots whose
+	// provider notified (dirty, deduplicated by certSlot.queued), whether
+	// the client CA provider notified, and whether every provider must be
+	// read (readAll).
+	dirtyMu sync.Mutex
+	dirty   []*certSlot
+	caDirty bool
+	readAll bool
+
 	listenersMu sync.Mutex
 	listeners   []dynamiccertificates.Listener
 
@@ -75,9 +84,10 @@ var _ dynamiccertificates.Notifier = &DynamicServingCertificateController{}
 // certificates of cfg.Serving and cfg.SNI, verifying client certificates
 // against cfg.ClientCA. It fails, naming the field, when cfg is invalid.
 //
-// The controller registers itself as a listener on every provider in cfg,
-// once; it does not run the providers, which is their owner's job. Nothing
-// is loaded until RunOnce or Run.
+// The controller registers a listener on every provider in cfg, once, and
+// on a notification re-reads that provider alone; it does not run the
+// providers, which is their owner's job. Nothing is loaded until RunOnce or
+// Run.
 func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServingCertificateController, error) {
 	o, base, err := cfg.complete()
 	if err != nil {
@@ -106,18 +116,20 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 
 	if clientCA != nil {
 		c.clientCA = &caSlot{provider: clientCA, name: clientCA.Name(), report: certreport.New(clientCA.Name(), o.eventRecorder, o.eventObject)}
-		clientCA.AddListener(c)
+		clientCA.AddListener(caListener{c})
 	}
 	if serving != nil {
-		c.serving = append(c.serving, newCertSlot(o, serving, nil, RoleServing))
-		serving.AddListener(c)
+		slot := newCertSlot(o, serving, nil, RoleServing)
+		c.serving = append(c.serving, slot)
+		serving.AddListener(slotListener{c, slot})
 		for _, alt := range alternativesOf(serving) {
 			if alt == nil {
 				continue
 			}
 			// Another serving certificate: it claims no names either.
-			c.serving = append(c.serving, newCertSlot(o, alt, nil, RoleServing))
-			alt.AddListener(c)
+			slot := newCertSlot(o, alt, nil, RoleServing)
+			c.serving = append(c.serving, slot)
+			alt.AddListener(slotListener{c, slot})
 		}
 	}
 	for _, p := range sniCerts {
@@ -125,8 +137,9 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 			continue
 		}
 		nameOnly := isNameOnly(p)
-		c.sniSlots = append(c.sniSlots, newCertSlot(o, p, p, RoleSNI))
-		p.AddListener(c)
+		slot := newCertSlot(o, p, p, RoleSNI)
+		c.sniSlots = append(c.sniSlots, slot)
+		p.AddListener(slotListener{c, slot})
 		for _, alt := range alternativesOf(p) {
 			if alt == nil {
 				continue
@@ -134,10 +147,41 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 			slot := newCertSlot(o, alt, alt, RoleSNI)
 			slot.nameOnly = slot.nameOnly || nameOnly
 			c.sniSlots = append(c.sniSlots, slot)
-			alt.AddListener(c)
+			alt.AddListener(slotListener{c, slot})
 		}
 	}
 	return c, nil
+}
+
+// slotListener is the listener the controller registers with a certificate
+// provider: a notification marks that provider for the next sync, which
+// re-reads only the marked providers, so a rotation among 100,000 providers
+// reads one.
+type slotListener struct {
+	c    *DynamicServingCertificateController
+	slot *certSlot
+}
+
+func (l slotListener) Enqueue() {
+	l.c.dirtyMu.Lock()
+	if !l.slot.queued {
+		l.slot.queued = true
+		l.c.dirty = append(l.c.dirty, l.slot)
+	}
+	l.c.dirtyMu.Unlock()
+	l.c.queue.Add(workItemKey)
+}
+
+// caListener is slotListener for the client CA provider.
+type caListener struct {
+	c *DynamicServingCertificateController
+}
+
+func (l caListener) Enqueue() {
+	l.c.dirtyMu.Lock()
+	l.c.caDirty = true
+	l.c.dirtyMu.Unlock()
+	l.c.queue.Add(workItemKey)
 }
 
 // GetConfigForClient implements tls.Config.GetConfigForClient. It returns
@@ -217,7 +261,7 @@ func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := c.sync()
+	_, err := c.sync(true)
 	return err
 }
 
@@ -265,7 +309,7 @@ func (c *DynamicServingCertificateController) processNextWorkItem() bool {
 	}
 	defer c.queue.Done(key)
 
-	retry, err := c.sync()
+	retry, err := c.sync(false)
 	if err != nil {
 		klog.ErrorS(err, "Certificate sync failed; retrying", "controller", c.opts.name)
 	}
@@ -279,8 +323,14 @@ func (c *DynamicServingCertificateController) processNextWorkItem() bool {
 
 // Enqueue implements dynamiccertificates.Listener: it asks for a re-read of
 // all providers. It never blocks; calls made before a pending sync starts
-// are merged into it. Calls after Run returned are ignored.
+// are merged into it. Calls after Run returned are ignored. (The providers
+// given to NewDynamicServingCertificateController need not call it: the
+// controller listens to each of them, and re-reads only those that
+// notified.)
 func (c *DynamicServingCertificateController) Enqueue() {
+	c.dirtyMu.Lock()
+	c.readAll = true
+	c.dirtyMu.Unlock()
 	c.queue.Add(workItemKey)
 }
 
@@ -313,14 +363,16 @@ func (c *DynamicServingCertificateController) Served() []ServedCertificate {
 	return s.servedCopy()
 }
 
-// sync refreshes the parse cache from every provider and, when anything the
-// snapshot depends on changed (or there is no snapshot yet), builds and
-// swaps in a new snapshot and notifies the listeners. retry is true when a
-// provider's content may become valid with time alone. err is non-nil only
-// when no snapshot could be built.
-func (c *DynamicServingCertificateController) sync() (retry bool, err error) {
+// sync refreshes the parse cache from the providers that notified (from
+// every provider when all is set, when Enqueue asked for it, before the
+// first snapshot, and after a sync that failed or must be retried) and,
+// when anything the snapshot depends on changed (or there is no snapshot
+// yet), makes and swaps in a new snapshot and notifies the listeners. retry
+// is true when a provider's content may become valid with time alone. err
+// is non-nil only when no snapshot could be built.
+func (c *DynamicServingCertificateController) sync(all bool) (retry bool, err error) {
 	c.syncMu.Lock()
-	swapped, retry, err := c.syncLocked()
+	swapped, retry, err := c.syncLocked(all)
 	c.syncMu.Unlock()
 
 	if swapped {
@@ -334,7 +386,24 @@ func (c *DynamicServingCertificateController) sync() (retry bool, err error) {
 	return retry, err
 }
 
-func (c *DynamicServingCertificateController) syncLocked() (swapped, retry bool, err error) {
+func (c *DynamicServingCertificateController) syncLocked(all bool) (swapped, retry bool, err error) {
+	c.dirtyMu.Lock()
+	dirty, caDirty := c.dirty, c.caDirty
+	all = all || c.readAll || c.current.Load() == nil
+	for _, slot := range dirty {
+		slot.queued = false
+	}
+	c.dirty, c.caDirty, c.readAll = nil, false, false
+	c.dirtyMu.Unlock()
+	defer func() {
+		if retry || err != nil {
+			// The retry re-reads everything, as the first attempt would have.
+			c.dirtyMu.Lock()
+			c.readAll = true
+			c.dirtyMu.Unlock()
+		}
+	}()
+
 	now := c.opts.clock.Now()
 	changed := false
 	var errs []error
@@ -345,26 +414,53 @@ func (c *DynamicServingCertificateController) syncLocked() (swapped, retry bool,
 			errs = append(errs, res.err)
 		}
 	}
-	if c.clientCA != nil {
+	// reindex is whether any slot's names or presence changed since the
+	// last full build; rotated are the slots whose certificate changed
+	// since the current snapshot was made.
+	reindex := false
+	var rotated []*certSlot
+	note := func(slot *certSlot) {
+		reindex = reindex || slot.reindex
+		if slot.pair != slot.inSnapshot {
+			rotated = append(rotated, slot)
+		}
+	}
+	if c.clientCA != nil && (all || caDirty) {
 		apply(c.clientCA.refresh(c))
 	}
-	for _, slot := range c.serving {
-		apply(slot.refresh(c, now))
-	}
-	for _, slot := range c.sniSlots {
-		apply(slot.refresh(c, now))
+	if all {
+		for slot := range chainSlots(c.serving, c.sniSlots) {
+			apply(slot.refresh(c, now))
+			note(slot)
+		}
+	} else {
+		// Only providers that notified can have changed: the others'
+		// slots are as the current snapshot has them (see note).
+		for _, slot := range dirty {
+			apply(slot.refresh(c, now))
+			note(slot)
+		}
 	}
 
-	if !changed && c.current.Load() != nil {
+	prev := c.current.Load()
+	if !changed && prev != nil {
 		return false, retry, nil
 	}
-	s, err := buildSnapshot(snapshotInput{
+	in := snapshotInput{
 		base:       c.base,
 		clientAuth: c.clientAuth,
 		serving:    c.serving,
 		sni:        c.sniSlots,
 		clientCA:   c.clientCA,
-	})
+	}
+	if prev != nil && !reindex {
+		c.current.Store(deriveSnapshot(prev, in, rotated))
+		for _, slot := range rotated {
+			slot.inSnapshot = slot.pair
+		}
+		return true, retry, nil
+	}
+	s, err := buildSnapshot(in)
 	if err != nil {
 		if len(errs) > 0 {
 			err = fmt.Errorf("%w: %w", err, errors.Join(errs...))
@@ -372,5 +468,9 @@ func (c *DynamicServingCertificateController) syncLocked() (swapped, retry bool,
 		return false, retry, fmt.Errorf("%s: %w", c.opts.name, err)
 	}
 	c.current.Store(s)
+	// The index was rebuilt: every slot is now as the snapshot has it.
+	for slot := range chainSlots(c.serving, c.sniSlots) {
+		slot.inSnapshot, slot.reindex = slot.pair, false
+	}
 	return true, retry, nil
 }

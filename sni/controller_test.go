@@ -109,14 +109,14 @@ func TestBadContentKeepsLastGood(t *testing.T) {
 				Clock: clk,
 			})
 			parses := countParses(c)
-			_, err := c.sync()
+			_, err := c.sync(true)
 			require.NoError(t, err)
 			srv := startServer(t, c.TLSConfig())
 			before := loadErrors(t, name)
 			servedBefore := c.Served()
 
 			p.setQuietly(tt.bad())
-			retry, err := c.sync()
+			retry, err := c.sync(true)
 			require.NoError(t, err, "a bad provider is not a sync failure while the last good is served")
 			assert.False(t, retry)
 			assert.Equal(t, before+1, loadErrors(t, name), "load error counted")
@@ -125,7 +125,7 @@ func TestBadContentKeepsLastGood(t *testing.T) {
 			assert.Equal(t, 2, parses.get(name))
 
 			// The same bad content again is neither parsed nor counted again.
-			_, err = c.sync()
+			_, err = c.sync(true)
 			require.NoError(t, err)
 			assert.Equal(t, before+1, loadErrors(t, name))
 			assert.Equal(t, 2, parses.get(name))
@@ -138,7 +138,7 @@ func TestBadContentKeepsLastGood(t *testing.T) {
 			// Recovery: a new valid certificate (valid at the fake clock's now).
 			fresh := issueLeaf(t, ca, leafSpec{cn: "svc.test", dns: []string{"svc.test"}, now: clk.Now()})
 			p.setQuietly(fresh.CertPEM, fresh.KeyPEM)
-			_, err = c.sync()
+			_, err = c.sync(true)
 			require.NoError(t, err)
 			requireSerial(t, fresh, servedSerial(t, srv.addr, clientConfig(clk, "svc.test")), "recovered")
 			assert.Equal(t, before+1, loadErrors(t, name))
@@ -180,14 +180,14 @@ func TestNotYetValidIsRetried(t *testing.T) {
 	parses := countParses(c)
 	before := loadErrors(t, name)
 
-	retry, err := c.sync()
+	retry, err := c.sync(true)
 	require.NoError(t, err)
 	require.True(t, retry, "not yet valid may become valid by itself")
 	require.ErrorIs(t, c.sniSlots[0].badErr, pki.ErrNotYetValid)
 	assert.Equal(t, before+1, loadErrors(t, name))
 
 	clk.Step(time.Hour)
-	retry, err = c.sync()
+	retry, err = c.sync(true)
 	require.NoError(t, err)
 	require.False(t, retry)
 	assert.Equal(t, 2, parses.get(name), "re-parsed because time alone can make it valid")
@@ -355,7 +355,7 @@ func TestClientCAChange(t *testing.T) {
 	caProvider.mu.Lock()
 	caProvider.bundle = []byte("-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n")
 	caProvider.mu.Unlock()
-	_, err := c.sync()
+	_, err := c.sync(true)
 	require.NoError(t, err)
 	assert.Equal(t, before+1, loadErrors(t, caName))
 	require.NoError(t, handshake(&from2), "last good client CA pool kept")

@@ -59,6 +59,7 @@ type mutableProvider struct {
 	cert, key []byte
 	names     []string
 	listeners []dynamiccertificates.Listener
+	reads     int // calls of CurrentCertKeyContent
 }
 
 var (
@@ -79,7 +80,26 @@ func (p *mutableProvider) Name() string { return p.name }
 func (p *mutableProvider) CurrentCertKeyContent() ([]byte, []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.reads++
 	return p.cert, p.key
+}
+
+// Reads returns how many times the content was read.
+func (p *mutableProvider) Reads() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reads
+}
+
+// SetNames changes the explicit names and notifies the listeners.
+func (p *mutableProvider) SetNames(names ...string) {
+	p.mu.Lock()
+	p.names = names
+	ls := p.listeners
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.Enqueue()
+	}
 }
 
 func (p *mutableProvider) SNINames() []string {

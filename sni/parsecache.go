@@ -25,7 +25,8 @@ import (
 // that provider: upstream re-parses and re-logs every certificate on every
 // change.
 //
-// Slots are owned by the controller and only touched under its syncMu.
+// Slots are owned by the controller and only touched under its syncMu
+// (certSlot.queued excepted).
 
 // certSlot caches one certificate provider (the serving one or an SNI one).
 type certSlot struct {
@@ -72,6 +73,20 @@ type certSlot struct {
 	// the current content is the good one.
 	badCert, badKey []byte
 	badErr          error
+
+	// What the current snapshot holds of this slot, so that a rebuild after
+	// content changes can derive the next snapshot from it (see
+	// deriveSnapshot). inSnapshot is the pair it serves (nil if none) and
+	// servedIndex its entry in snapshot.served; reindex is set when the
+	// slot's names, or whether it has a certificate at all, changed since
+	// the last full build, which then must rebuild the name index.
+	inSnapshot  *pki.KeyPair
+	servedIndex int
+	reindex     bool
+
+	// queued is set while the slot is in the controller's dirty list;
+	// guarded by the controller's dirtyMu, not syncMu.
+	queued bool
 }
 
 // newCertSlot returns the slot of provider p in role; sni is p as an SNI
@@ -129,6 +144,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 				s.explicit = withoutIPs(s.explicit)
 			}
 			res.changed = true
+			s.reindex = true
 		}
 	}
 
@@ -164,9 +180,20 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 		return res
 	}
 
+	// A derived snapshot (deriveSnapshot) replaces this slot's certificate
+	// where the old one is, so everything that decided where it is must be
+	// as before: the names it claims, the SANs it is joined by, and its key
+	// algorithm, which decides which certificates it joins and where.
+	rotated := s.pair != nil
+	extracted := extractNames(pair.Leaf)
+	sans, ipSANs := subjectAltNames(pair.Leaf)
+	if !rotated || !slices.Equal(extracted, s.extracted) || sans != s.sans ||
+		!slices.Equal(ipSANs, s.ipSANs) || keyRank(&pair.TLS) != keyRank(&s.pair.TLS) {
+		s.reindex = true
+	}
 	s.cert, s.key, s.pair = certPEM, keyPEM, pair
-	s.extracted = extractNames(pair.Leaf)
-	s.sans, s.ipSANs = subjectAltNames(pair.Leaf)
+	s.extracted = extracted
+	s.sans, s.ipSANs = sans, ipSANs
 	s.single = &choice{certs: []*tls.Certificate{&pair.TLS}, exclusive: s.nameOnly}
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc

@@ -63,8 +63,9 @@ func describe(provider, role string, cert *x509.Certificate) ServedCertificate {
 // slice the caller owns; the snapshot is shared with concurrent readers and
 // must not be reachable from it.
 func (s *snapshot) servedCopy() []ServedCertificate {
-	out := make([]ServedCertificate, 0, len(s.served)+len(s.clientCAs))
-	for i, e := range s.served {
+	out := make([]ServedCertificate, 0, s.served.len()+len(s.clientCAs))
+	for i := range s.served.len() {
+		e := s.served.at(i)
 		d := *e.desc
 		d.Names = slices.Clone(e.names)
 		d.IsDefault = slices.Contains(s.defaults, i)

@@ -37,7 +37,7 @@ type snapshot struct {
 	// (pointers to descriptions the parse cache made once) because a
 	// rebuild with thousands of providers should not re-describe every
 	// certificate; Served expands it.
-	served []servedEntry
+	served servedList
 	// defaults are the indexes in served of the default's certificates.
 	defaults []int
 	// clientCAs describe the client CA bundle; shared with the parse cache,
@@ -90,9 +90,10 @@ func classify(name string, explicit bool) (nameKind, string, netip.Addr) {
 }
 
 // buildSnapshot builds the name index and the prepared config from the
-// slots' last good content. It fails only if there is no certificate at all.
+// slots' last good content, and records each slot's entry in served
+// (certSlot.servedIndex). It fails only if there is no certificate at all.
 func buildSnapshot(in snapshotInput) (*snapshot, error) {
-	s := &snapshot{served: make([]servedEntry, 0, len(in.serving)+len(in.sni))}
+	s := &snapshot{served: newServedList(len(in.serving) + len(in.sni))}
 
 	var def *certSlot
 	for _, slot := range in.serving {
@@ -102,7 +103,7 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 		if def == nil {
 			def = slot
 		}
-		s.served = append(s.served, servedEntry{desc: slot.desc})
+		slot.servedIndex = s.served.append(servedEntry{desc: slot.desc})
 	}
 	nNames := 0
 	for _, slot := range in.sni {
@@ -115,7 +116,7 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 			// name-only certificate is an internal identity, never a default.
 			def = slot
 		}
-		s.served = append(s.served, servedEntry{desc: slot.desc})
+		slot.servedIndex = s.served.append(servedEntry{desc: slot.desc})
 		names, _ := slot.names()
 		nNames += len(names)
 	}
@@ -199,13 +200,20 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 				}
 			}
 		}
-		s.served[i].names = buf[start:len(buf):len(buf)]
+		s.served.at(i).names = buf[start:len(buf):len(buf)]
 		if s.def.has(cert) {
 			s.defaults = append(s.defaults, i)
 		}
 		i++
 	}
 
+	s.prepareConfig(in)
+	return s, nil
+}
+
+// prepareConfig sets the config handed to crypto/tls, and the client CA
+// descriptions, from in's base config and client CA.
+func (s *snapshot) prepareConfig(in snapshotInput) {
 	cfg := in.base.Clone()
 	cfg.Certificates = nil
 	//lint:ignore SA1019 cleared so crypto/tls never consults a map a caller left in the base config
@@ -225,7 +233,6 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 		}
 	}
 	s.config = cfg
-	return s, nil
 }
 
 // chainSlots iterates over the serving slots, then the SNI slots, in

@@ -46,6 +46,10 @@ type Request struct {
 	IPs      []net.IP
 	// KeyType selects the key algorithm; zero means ECDSAP256.
 	KeyType KeyType
+	// Key, when set, is the leaf's key instead of a newly generated one, and
+	// KeyType is ignored (IssueLeaf only). Benchmarks that need many
+	// certificates share one key: generating a key costs more than signing.
+	Key crypto.Signer
 	// Now is the issuance time; NotBefore is Now-Backdate.
 	Now time.Time
 	// Backdate is how far NotBefore lies before Now, so that peers whose
@@ -135,9 +139,11 @@ func IssueLeaf(ca *Issued, r Request) (*Issued, error) {
 			r.CommonName, ca.Cert.Subject.CommonName, ca.Cert.NotBefore.UTC().Format(time.RFC3339),
 			ca.Cert.NotAfter.UTC().Format(time.RFC3339), r.Now.UTC().Format(time.RFC3339))
 	}
-	key, err := GenerateKey(r.KeyType)
-	if err != nil {
-		return nil, err
+	key := r.Key
+	if key == nil {
+		if key, err = GenerateKey(r.KeyType); err != nil {
+			return nil, err
+		}
 	}
 	serial, err := NewSerial()
 	if err != nil {

@@ -421,6 +421,26 @@ func TestIssueLeaf(t *testing.T) {
 	}
 }
 
+// TestIssueLeafWithGivenKey: Request.Key is used as the leaf's key (and
+// KeyType ignored), so many leaves can share one.
+func TestIssueLeafWithGivenKey(t *testing.T) {
+	ca, err := NewCA(Request{CommonName: "ca", Now: testNow, Lifetime: time.Hour})
+	require.NoError(t, err)
+	key, err := GenerateKey(ECDSAP256)
+	require.NoError(t, err)
+	var serials []string
+	for _, name := range []string{"a.test", "b.test"} {
+		leaf, err := IssueLeaf(ca, Request{CommonName: name, Now: testNow, Lifetime: time.Hour, Key: key, KeyType: RSA2048})
+		require.NoError(t, err)
+		assert.Same(t, key, leaf.Key)
+		assert.True(t, key.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(leaf.Cert.PublicKey), name)
+		_, err = ParseCertKey(leaf.CertPEM, leaf.KeyPEM, testNow)
+		require.NoError(t, err, name)
+		serials = append(serials, leaf.Cert.SerialNumber.String())
+	}
+	assert.NotEqual(t, serials[0], serials[1])
+}
+
 func TestIssueLeafValidityCappedByCA(t *testing.T) {
 	ca, err := NewCA(Request{CommonName: "short-ca", Now: testNow, Lifetime: time.Hour})
 	require.NoError(t, err)

@@ -53,6 +53,10 @@ type Process struct {
 	out    strings.Builder
 }
 
+// Pid returns the process id, for reading what the process used from
+// /proc (its CPU time, say).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Output returns everything the process wrote to stdout and stderr so far.
 func (p *Process) Output() string {
 	p.mu.Lock()
@@ -132,7 +136,7 @@ const ExitGuard = time.Minute
 // with the test process (Pdeathsig).
 func RunToExit(t testing.TB, cmd *exec.Cmd) (int, string) {
 	t.Helper()
-	var out lockedBuffer
+	var out LockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -158,19 +162,21 @@ func RunToExit(t testing.TB, cmd *exec.Cmd) (int, string) {
 	}
 }
 
-// lockedBuffer is an output buffer a process writes while the test reads.
-type lockedBuffer struct {
+// LockedBuffer is an output buffer that a process (or a server run in the
+// test process) writes while the test reads it. The zero value is ready to
+// use; it is safe for concurrent use.
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()

@@ -142,3 +142,33 @@ func OpenSSL(t testing.TB, addr, serverName string, args ...string) (*x509.Certi
 	}
 	return x509.ParseCertificate(block.Bytes)
 }
+
+// Exchange opens a new connection to addr, completes a TLS handshake with
+// config, sends close_notify and reads until the server closes the
+// connection, and returns the connection's state. By then the server has
+// done all it does for a client that connects and sends no request: the
+// handshake (with the verification of a client certificate, which TLS 1.3
+// does after the client has finished), the session ticket, an HTTP
+// server's connection set-up, and the close. A rejection of the client
+// certificate is returned as the error.
+func Exchange(addr string, config *tls.Config) (tls.ConnectionState, error) {
+	raw, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return tls.ConnectionState{}, err
+	}
+	conn := tls.Client(raw, config)
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return tls.ConnectionState{}, err
+	}
+	if err := conn.Handshake(); err != nil {
+		return tls.ConnectionState{}, fmt.Errorf("handshake with %s: %w", addr, err)
+	}
+	if err := conn.CloseWrite(); err != nil {
+		return tls.ConnectionState{}, fmt.Errorf("close_notify to %s: %w", addr, err)
+	}
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		return tls.ConnectionState{}, fmt.Errorf("reading from %s: %w", addr, err)
+	}
+	return conn.ConnectionState(), nil
+}
