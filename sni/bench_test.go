@@ -380,7 +380,7 @@ func BenchmarkSNIScale(b *testing.B) {
 				// processes the queued sync (Run itself can be started
 				// only once, and sc is shared by every run).
 				sc.providers[0].Set(next.CertPEM, next.KeyPEM)
-				sc.c.processNextWorkItem()
+				sc.c.processNextWorkItem(klog.Background())
 			}
 			// The last change is served.
 			want, _ := pem.Decode(contents[(i-1)%2].CertPEM)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/internal/certreport"
+	"github.com/evercert/evercert/internal/errlog"
 )
 
 // ErrNotReady is returned by GetConfigForClient, and so fails the
@@ -71,6 +72,9 @@ type DynamicServingCertificateController struct {
 
 	listenersMu sync.Mutex
 	listeners   []dynamiccertificates.Listener
+
+	// syncLog logs a failing sync once per distinct error.
+	syncLog errlog.Once
 
 	// onParse, when set (by tests, before the first sync), is called with the
 	// provider name before each parse of new content.
@@ -274,12 +278,13 @@ func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error
 func (c *DynamicServingCertificateController) Run(ctx context.Context, workers int) {
 	defer utilruntime.HandleCrashWithContext(ctx)
 
-	klog.InfoS("Starting controller", "controller", c.opts.name)
-	defer klog.InfoS("Shutting down controller", "controller", c.opts.name)
+	logger := klog.FromContext(ctx).WithValues("controller", c.opts.name)
+	logger.Info("Starting controller")
+	defer logger.Info("Shutting down controller")
 
 	if !c.HasSynced() {
 		if err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "Initial certificate sync failed; retrying", "controller", c.opts.name)
+			c.syncLog.Error(logger, err, "Initial certificate sync failed; retrying")
 			c.queue.AddRateLimited(workItemKey)
 		}
 	}
@@ -287,7 +292,7 @@ func (c *DynamicServingCertificateController) Run(ctx context.Context, workers i
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		wait.UntilWithContext(ctx, func(context.Context) {
-			for c.processNextWorkItem() {
+			for c.processNextWorkItem(logger) {
 			}
 		}, time.Second)
 	})
@@ -302,7 +307,10 @@ func (c *DynamicServingCertificateController) Run(ctx context.Context, workers i
 	wg.Wait()
 }
 
-func (c *DynamicServingCertificateController) processNextWorkItem() bool {
+// processNextWorkItem syncs once per queued notification. A failing sync is
+// retried with the queue's rate limiter and logged once per distinct error,
+// not once per retry.
+func (c *DynamicServingCertificateController) processNextWorkItem(logger klog.Logger) bool {
 	key, quit := c.queue.Get()
 	if quit {
 		return false
@@ -311,7 +319,9 @@ func (c *DynamicServingCertificateController) processNextWorkItem() bool {
 
 	retry, err := c.sync(false)
 	if err != nil {
-		klog.ErrorS(err, "Certificate sync failed; retrying", "controller", c.opts.name)
+		c.syncLog.Error(logger, err, "Certificate sync failed; retrying")
+	} else {
+		c.syncLog.Recovered(logger, "Certificate sync succeeded again")
 	}
 	if err != nil || retry {
 		c.queue.AddRateLimited(key)

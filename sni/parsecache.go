@@ -298,12 +298,12 @@ func (s *caSlot) refresh(c *DynamicServingCertificateController) refreshResult {
 	}
 	s.badBundle, s.badErr = nil, nil
 	s.report.Succeeded()
-	if logger := klog.V(2); logger.Enabled() {
+	if logger := klog.Background().V(2); logger.Enabled() {
 		subjects := make([]string, len(certs))
 		for i, cert := range certs {
 			subjects[i] = cert.Subject.CommonName
 		}
-		logger.InfoS("Loaded client CA bundle", "controller", c.opts.name, "provider", s.name,
+		logger.Info("Loaded client CA bundle", "controller", c.opts.name, "provider", s.name,
 			"count", len(certs), "subjects", subjects)
 	}
 	return refreshResult{changed: true}
