@@ -398,7 +398,7 @@ func (o *Options) validateFIPS() []error {
 		mode = "fips140=only"
 	}
 	logFIPSOnce.Do(func() {
-		klog.InfoS("FIPS 140-3 mode: only approved TLS versions, suites, groups and keys are used", "godebug", mode, "module", fips140.Version())
+		klog.Background().Info("FIPS 140-3 mode: only approved TLS versions, suites, groups and keys are used", "godebug", mode, "module", fips140.Version())
 	})
 	notApproved := fmt.Sprintf("not approved in FIPS 140-3 mode (GODEBUG=%s)", mode)
 	var errs []error
