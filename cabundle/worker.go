@@ -84,6 +84,9 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 		if err != nil {
 			return 0, fmt.Errorf("reading %s %q from the informer cache: %w", t.Kind, t.Name, err)
 		}
+		if !exists && t.adapter.create != nil {
+			return 0, p.create(ctx, t, bundle)
+		}
 		if !exists {
 			p.logs.Get(objectKey(t.Kind, t.Name)).Info(p.logger, "waiting: missing",
 				"Waiting for the object to exist before publishing its caBundle", "kind", t.Kind, "name", t.Name)
@@ -241,6 +244,33 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		err = fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
 		p.logs.Get(key).Error(p.logger, err, "Failed to publish caBundle, will retry with backoff", "object", key)
 		return false, 0, err
+	}
+}
+
+// create creates the missing object of the named target t holding bundle.
+// Its watch event queues the target again, which then finds it up to date;
+// readiness waits for that read-back. AlreadyExists (created by another
+// replica after the cache looked) is a conflict, retried on a newer cache.
+func (p *Publisher) create(ctx context.Context, t *targetState, bundle []byte) error {
+	key := objectKey(t.Kind, t.Name)
+	err := t.adapter.create(ctx, t.Target, bundle, p.fieldManager)
+	switch {
+	case err == nil:
+		certmetrics.CABundlePublished(string(t.Kind), resultSuccess)
+		p.recovered(key)
+		p.logger.Info("Created object holding the bundle", "kind", t.Kind, "name", t.Name)
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case apierrors.IsAlreadyExists(err):
+		certmetrics.CABundlePublished(string(t.Kind), resultConflict)
+		p.logger.V(2).Info("Object created by someone else meanwhile, will retry", "kind", t.Kind, "name", t.Name)
+		return fmt.Errorf("creating %s %q: %w", t.Kind, t.Name, err)
+	default:
+		certmetrics.CABundlePublished(string(t.Kind), resultError)
+		err = fmt.Errorf("creating %s %q: %w", t.Kind, t.Name, err)
+		p.logs.Get(key).Error(p.logger, err, "Failed to create the object holding the bundle, will retry with backoff", "object", key)
+		return err
 	}
 }
 
