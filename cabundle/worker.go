@@ -104,6 +104,14 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 		slices.SortFunc(views, func(a, b objectView) int { return strings.Compare(a.name, b.name) })
 	}
 
+	// Verify what is published now: the resync and a served chain's
+	// change come through here, not through an object event.
+	for _, v := range views {
+		if t.selects(v.name, v.labels) {
+			p.verify(t, v)
+		}
+	}
+
 	var errs []error
 	published := t.Name == "" // a selector target is done when nothing failed or is held back
 	for _, v := range views {
@@ -166,6 +174,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	if stale == 0 {
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
 		p.recovered(key)
+		p.verified.markPublished(key)
 		// A contested object that holds the bundle is cleared once it has
 		// held it long enough; until then, look again when it will have.
 		return true, p.settle(t, v), nil
@@ -205,6 +214,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	switch {
 	case err == nil:
 		p.writes.record(key, v.resourceVersion, bundle)
+		p.verified.markPublished(key)
 		certmetrics.CABundlePublished(string(kind), resultSuccess)
 		p.recovered(key)
 		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa, "forced", force)
@@ -258,6 +268,7 @@ func (p *Publisher) create(ctx context.Context, t *targetState, bundle []byte) e
 	case err == nil:
 		certmetrics.CABundlePublished(string(t.Kind), resultSuccess)
 		p.recovered(key)
+		p.verified.markPublished(key)
 		p.logger.Info("Created object holding the bundle", "kind", t.Kind, "name", t.Name)
 		return nil
 	case ctx.Err() != nil:
