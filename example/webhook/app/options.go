@@ -60,11 +60,15 @@ type Options struct {
 // NewOptions returns the defaults: the server defaults, and both
 // configurations named DefaultConfigurationName.
 func NewOptions() *Options {
-	return &Options{
+	o := &Options{
 		Options:                        server.NewOptions(),
 		ValidatingWebhookConfiguration: DefaultConfigurationName,
 		MutatingWebhookConfiguration:   DefaultConfigurationName,
 	}
+	// The publisher (and, with --ca-from-signer, the ClusterTrustBundle
+	// source) are clients of --kubeconfig whatever the certificate flags.
+	o.Options.KubeconfigUsedElsewhere = true
+	return o
 }
 
 // AddFlags registers every flag on fs.
