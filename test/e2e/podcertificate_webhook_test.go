@@ -27,8 +27,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/example/webhook/app"
 	signerapp "github.com/evercert/evercert/example/signer/app"
+	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/testcluster"
 	"github.com/evercert/evercert/internal/tlstest"
