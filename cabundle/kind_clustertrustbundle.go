@@ -63,8 +63,9 @@ func clusterTrustBundleAdapter(client kubernetes.Interface) *kindAdapter {
 			body["spec"] = map[string]any{"trustBundle": string(bundle)}
 			return body
 		},
-		transform:   trimmed[certificatesv1.ClusterTrustBundle],
-		stringField: true,
+		transform:      trimmed[certificatesv1.ClusterTrustBundle],
+		stringField:    true,
+		preconditioned: true,
 		create: func(ctx context.Context, t Target, bundle []byte, fieldManager string) error {
 			_, err := bundles.Create(ctx, &certificatesv1.ClusterTrustBundle{
 				ObjectMeta: metav1.ObjectMeta{Name: t.Name},

@@ -9,6 +9,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/evercert/evercert/internal/pki"
@@ -88,6 +89,13 @@ func TestClusterTrustBundlePublisher(t *testing.T) {
 			eventually(t, 5*time.Second, "rotated bundle published", func() bool { return get().Spec.TrustBundle == string(both) })
 			eventually(t, 5*time.Second, "successor observed", func() bool { return p.Observed(secondCA) })
 
+			// Replicas of a signer write the same bundle: a JSON patch is
+			// preconditioned on the version read, never blind.
+			for _, pa := range f.patches() {
+				if pa.GetPatchType() == types.JSONPatchType && !strings.Contains(string(pa.GetPatch()), `"/metadata/resourceVersion"`) {
+					t.Errorf("JSON patch without a resourceVersion precondition: %s", pa.GetPatch())
+				}
+			}
 			if ssa {
 				// A change by another field manager is a server-side-apply
 				// conflict, contested by design (contest_test.go).

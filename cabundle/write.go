@@ -30,7 +30,7 @@ func (p *Publisher) buildWrite(a *kindAdapter, v objectView, selected []slot, bu
 		data, err := json.Marshal(a.applyBody(v.name, selected, bundle))
 		return types.ApplyPatchType, data, err
 	}
-	data, err := json.Marshal(jsonPatch(v, selected, bundle, a.indexed, a.stringField))
+	data, err := json.Marshal(jsonPatch(v, selected, bundle, a.indexed || a.preconditioned, a.stringField))
 	return types.JSONPatchType, data, err
 }
 
