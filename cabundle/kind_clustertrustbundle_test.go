@@ -3,6 +3,8 @@ package cabundle
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -89,13 +91,6 @@ func TestClusterTrustBundlePublisher(t *testing.T) {
 			eventually(t, 5*time.Second, "rotated bundle published", func() bool { return get().Spec.TrustBundle == string(both) })
 			eventually(t, 5*time.Second, "successor observed", func() bool { return p.Observed(secondCA) })
 
-			// Replicas of a signer write the same bundle: a JSON patch is
-			// preconditioned on the version read, never blind.
-			for _, pa := range f.patches() {
-				if pa.GetPatchType() == types.JSONPatchType && !strings.Contains(string(pa.GetPatch()), `"/metadata/resourceVersion"`) {
-					t.Errorf("JSON patch without a resourceVersion precondition: %s", pa.GetPatch())
-				}
-			}
 			if ssa {
 				// A change by another field manager is a server-side-apply
 				// conflict, contested by design (contest_test.go).
@@ -119,4 +114,29 @@ func parseOne(t *testing.T, pemBytes []byte) *x509.Certificate {
 		t.Fatalf("parse CA: %v (%d certs)", err, len(certs))
 	}
 	return certs[0]
+}
+
+// TestClusterTrustBundleJSONPatch: spec.trustBundle is written as the PEM
+// string (not base64 like caBundle), preconditioned on the version read,
+// since every replica of a signer writes the same bundle.
+func TestClusterTrustBundleJSONPatch(t *testing.T) {
+	a := adapterOf(t, ClusterTrustBundle)
+	bundle := newBundle(t, "ca")
+	v := ctbView(ctbFixture("evercert.io:serving:ca", "evercert.io/serving", nil))
+	v.resourceVersion = "7"
+	pt, data, err := (&Publisher{}).buildWrite(a, v, v.slots, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []map[string]any
+	if err := json.Unmarshal(data, &ops); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{
+		{"op": "replace", "path": "/metadata/resourceVersion", "value": "7"},
+		{"op": "add", "path": "/spec/trustBundle", "value": string(bundle)},
+	}
+	if pt != types.JSONPatchType || !reflect.DeepEqual(ops, want) {
+		t.Errorf("patch %s %s, want %v", pt, data, want)
+	}
 }
