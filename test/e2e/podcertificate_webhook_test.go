@@ -27,9 +27,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/dynamiccert"
 	signerapp "github.com/evercert/evercert/example/signer/app"
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
+	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/testcluster"
 	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/podcert"
@@ -269,10 +271,22 @@ func TestE2EPodCertificateWebhook(t *testing.T) {
 	history.mu.Lock()
 	signingCAs := len(history.signing)
 	history.mu.Unlock()
+	// What a waiting successor waits for, and what the ClusterTrustBundle
+	// holds: the figures to look at when rotations fall short.
 	for i, r := range replicas {
 		if st := r.Authority().Status(); st.Successor != nil {
-			t.Logf("signer replica %d: successor CA %+v", i, *st.Successor)
+			t.Logf("signer replica %d: successor CA %s (fingerprint %s) published at %s waits for %v",
+				i, st.Successor.Serial, st.Successor.Fingerprint, st.Successor.PublishedAt.Format(time.RFC3339Nano), st.Successor.Pending)
 		}
+	}
+	if cur, err := admin.CertificatesV1().ClusterTrustBundles().Get(ctx, ctbName, metav1.GetOptions{}); assert.NoError(t, err) {
+		cas, err := pki.ParseCABundle([]byte(cur.Spec.TrustBundle))
+		require.NoError(t, err)
+		fps := make([]string, 0, len(cas))
+		for _, c := range cas {
+			fps = append(fps, dynamiccert.Fingerprint(c))
+		}
+		t.Logf("ClusterTrustBundle %s holds the CAs %v", ctbName, fps)
 	}
 	require.GreaterOrEqual(t, signingCAs-1, minRotations, "CA rotations during the run")
 	assert.Zero(t, failed.Load(), "failed admissions")
