@@ -265,6 +265,7 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 			"caSerial", serial(st.signing.Cert), "rotated", rotated)
 	}
 	leafSerial := serial(i.leaf.Cert)
+	leafPEM := leafCertPEM(i.leaf.Cert)
 	i.mu.Unlock()
 
 	if i.replicas != nil {
@@ -280,7 +281,7 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 				trusted = append(trusted, Fingerprint(c))
 			}
 		}
-		i.replicas.announce(trusted, bundle, leafSerial)
+		i.replicas.announce(trusted, bundle, leafSerial, leafPEM)
 	}
 	i.updateStatus(st, now)
 	if changed {

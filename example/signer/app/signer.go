@@ -90,7 +90,7 @@ func New(opts *Options) (*Signer, error) {
 				Kind: cabundle.ClusterTrustBundle, SignerName: opts.SignerName,
 				Name: cabundle.ClusterTrustBundleName(opts.SignerName, opts.ClusterTrustBundle),
 			}},
-			Verify:        []dynamiccert.ServedChainLister{dynamiccert.ServedBy(authority)},
+			Verify:        []dynamiccert.ServedChainLister{authority},
 			EventRecorder: broadcaster.NewRecorder(scheme.Scheme, reportingController),
 		})
 		if err != nil {
