@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -85,7 +85,7 @@ func (t Target) validate(field string) error {
 		return fmt.Errorf("%s: both Name and Selector are set", field)
 	case t.Name != "" && t.Kind == ClusterTrustBundle:
 		// Named like a path segment: the signer prefix holds colons.
-		if errs := path.IsValidPathSegmentName(t.Name); len(errs) > 0 {
+		if errs := content.IsPathSegmentName(t.Name); len(errs) > 0 {
 			return fmt.Errorf("%s.Name %q is invalid: %s", field, t.Name, strings.Join(errs, "; "))
 		}
 	case t.Name != "":

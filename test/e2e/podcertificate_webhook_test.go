@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,8 +55,8 @@ func hostIP(t *testing.T) net.IP {
 }
 
 // exposeService points the Service webhookAppNS/webhookSvc (port 443,
-// named https) at ip:port with an EndpointSlice and the Endpoints, as the
-// endpoint controllers would for a ready pod at that address. The
+// named https) at ip:port with an EndpointSlice, as the EndpointSlice
+// controller would for a ready pod at that address. The
 // kube-apiserver (endpoint routing, the harness default) then dials ip:port
 // and verifies the certificate for <svc>.<ns>.svc.
 func exposeService(t *testing.T, admin kubernetes.Interface, ip net.IP, port int32) {
@@ -68,15 +69,6 @@ func exposeService(t *testing.T, admin kubernetes.Interface, ip net.IP, port int
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip.String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	//nolint:staticcheck // SA1019: older resolvers read Endpoints; both are written, as the controllers do.
-	_, err = admin.CoreV1().Endpoints(webhookAppNS).Create(ctx, &corev1.Endpoints{
-		ObjectMeta: metav1.ObjectMeta{Name: webhookSvc},
-		Subsets: []corev1.EndpointSubset{{
-			Addresses: []corev1.EndpointAddress{{IP: ip.String()}},
-			Ports:     []corev1.EndpointPort{{Name: "https", Port: port, Protocol: corev1.ProtocolTCP}},
-		}},
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 }
@@ -327,11 +319,22 @@ func TestE2EPodCertificateWebhook(t *testing.T) {
 	wiped := time.Now()
 	_, err = vwcs.Update(ctx, cur, metav1.UpdateOptions{FieldManager: "helm"})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return episodes() == episodesBefore+1 }, 10*time.Second, 5*time.Millisecond,
-		"the wiped caBundle is reported as unverified")
-	detected := time.Since(wiped)
 	require.Eventually(t, func() bool {
-		return certmetricstest.Value(t, "evercert_cabundle_verified", verifiedLabels) == 1 && w.HealthCheck().Check(nil) == nil
+		err := w.HealthCheck().Check(nil)
+		return episodes() == episodesBefore+1 || (err != nil && strings.Contains(err.Error(), "does not verify"))
+	}, 10*time.Second, 5*time.Millisecond, "the wiped caBundle is reported as unverified")
+	require.Eventually(t, func() bool { return episodes() == episodesBefore+1 }, 10*time.Second, 5*time.Millisecond,
+		"the wiped caBundle is counted as unverified")
+	detected := time.Since(wiped)
+	// Readiness no longer reports a bundle that does not verify. (It may
+	// still report the caBundle contested for a while: the wipe is a
+	// change by another writer, and with the source changing at every
+	// rotation the publisher may already have counted two; see the
+	// report.)
+	require.Eventually(t, func() bool {
+		err := w.HealthCheck().Check(nil)
+		return certmetricstest.Value(t, "evercert_cabundle_verified", verifiedLabels) == 1 &&
+			(err == nil || !strings.Contains(err.Error(), "does not verify"))
 	}, 30*time.Second, 20*time.Millisecond, "the caBundle is repaired and verifies again")
 	recovered := time.Since(wiped)
 	require.Eventually(t, func() bool {

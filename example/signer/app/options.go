@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 
 	"github.com/evercert/evercert/cabundle"
 
@@ -118,7 +118,7 @@ func (o *Options) Validate() []error {
 	}
 	if o.ClusterTrustBundle != "" {
 		name := cabundle.ClusterTrustBundleName(o.SignerName, o.ClusterTrustBundle)
-		if msgs := path.IsValidPathSegmentName(name); len(msgs) > 0 || strings.Contains(o.ClusterTrustBundle, ":") {
+		if msgs := content.IsPathSegmentName(name); len(msgs) > 0 || strings.Contains(o.ClusterTrustBundle, ":") {
 			errs = append(errs, fmt.Errorf("--cluster-trust-bundle: %q makes the invalid name %q", o.ClusterTrustBundle, name))
 		}
 	}
