@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/dynamiccert"
 )
 
 // This file holds the configuration of a Publisher, its defaults and its
@@ -96,10 +98,27 @@ type PublisherConfig struct {
 	// informers' own timers (watch restarts) stay on the real clock.
 	Clock clock.WithTicker
 
+	// Verify lists the certificate chains that the published bundle must
+	// verify: what the servers behind the targets serve, such as
+	// dynamiccert.ServedBy(the server's certificate provider). Whenever an
+	// object is read back (every watch event and resync) and whenever a
+	// lister that is a dynamiccertificates.Notifier notifies, each selected
+	// field of each object is checked to verify each chain (x509 path to a
+	// root of the field, at Clock's now; names and key usages are not
+	// checked). A field that does not (wiped by a re-apply, or without the
+	// CA a server's leaf comes from) sets evercert_cabundle_verified{kind,name}
+	// to 0, counts evercert_cabundle_unverified_total, fails the health
+	// check and sends a Warning Event CABundleUnverified once per episode
+	// (Normal CABundleVerified when it verifies again). Empty means no
+	// verification.
+	Verify []dynamiccert.ServedChainLister
+
 	// EventRecorder, when set, receives an Event on the object whose
 	// caBundle is contested (Warning CABundleContested), forcibly taken
 	// over with server-side apply (Warning CABundleForced), and no longer
-	// contested (Normal CABundleUncontested). The object is given as an
+	// contested (Normal CABundleUncontested), and whose published bundle
+	// stops (Warning CABundleUnverified) and starts again (Normal
+	// CABundleVerified) verifying what is served (see Verify). The object is given as an
 	// ObjectReference, so the recorder's scheme need not know its kind.
 	// Events of cluster-scoped objects land in namespace "default".
 	EventRecorder events.EventRecorder
@@ -135,6 +154,11 @@ func (cfg *PublisherConfig) validate() error {
 	}
 	if cfg.Resync < 0 {
 		return fmt.Errorf("PublisherConfig.Resync must not be negative, got %v", cfg.Resync)
+	}
+	for i, v := range cfg.Verify {
+		if v == nil {
+			return fmt.Errorf("PublisherConfig.Verify[%d] is nil", i)
+		}
 	}
 	for i, t := range cfg.Targets {
 		if err := t.validate(fmt.Sprintf("PublisherConfig.Targets[%d]", i)); err != nil {

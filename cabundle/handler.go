@@ -3,7 +3,7 @@ package cabundle
 import "k8s.io/client-go/tools/cache"
 
 // eventHandler is t's informer event handler. Every event records what the
-// object now holds (observe.go), an update is checked for another writer
+// object now holds (observe.go) and verifies it (verify.go), an update is checked for another writer
 // changing the caBundle away from the published bundle (contest.go), and
 // the target is queued for the worker (worker.go).
 func (p *Publisher) eventHandler(t *targetState) cache.ResourceEventHandler {
@@ -12,12 +12,14 @@ func (p *Publisher) eventHandler(t *targetState) cache.ResourceEventHandler {
 		AddFunc: func(obj any) {
 			if v, ok := t.adapter.view(obj); ok {
 				p.observe(t, v.name, &v)
+				p.verify(t, v)
 			}
 			enqueue()
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			if cur, ok := t.adapter.view(newObj); ok {
 				p.observe(t, cur.name, &cur)
+				p.verify(t, cur)
 				if old, ok := t.adapter.view(oldObj); ok {
 					p.detectRevert(t, old, cur)
 				}
@@ -32,6 +34,7 @@ func (p *Publisher) eventHandler(t *targetState) cache.ResourceEventHandler {
 			if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 				p.observe(t, name, nil)
 				p.forget(objectKey(t.Kind, name))
+				p.forgetVerification(t.Kind, name)
 			}
 			enqueue()
 		},

@@ -76,14 +76,16 @@ func (r *readiness) waiting() []int {
 	return out
 }
 
-// HealthCheck returns a health check, named like the publisher (PublisherConfig.Name,
-// default "cabundle"), for a readiness or health endpoint. It fails while
-// any target has never been published to (its object is missing, has
-// nothing to publish to, or every write failed so far) or any object's
-// caBundle is contested, and its error names each such target or object as
-// "Kind/name" with the reason: the other writer and when the next write is
-// due, for a contested object. It reads only the publisher's state, makes
-// no API call, and is safe for concurrent use.
+// HealthCheck returns a health check, named like the publisher
+// (PublisherConfig.Name, default "cabundle"), for a readiness or health
+// endpoint. It fails while any target has never been published to (its
+// object is missing, has nothing to publish to, or every write failed so
+// far), any object's caBundle is contested, or any object's published
+// bundle does not verify what is served (PublisherConfig.Verify). Its error
+// names each such target or object as "Kind/name" with the reason (for a
+// contested object, the other writer and when the next write is due). It
+// reads only the publisher's state, makes no API call, and is safe for
+// concurrent use.
 func (p *Publisher) HealthCheck() healthz.HealthChecker { return healthCheck{p} }
 
 type healthCheck struct{ p *Publisher }
@@ -115,6 +117,7 @@ func (h healthCheck) Check(*http.Request) error {
 		problems = append(problems, fmt.Sprintf("%s: caBundle contested by %s since %s: %s; backing off, next write %s",
 			c.key, orUnknown(c.manager), c.since.UTC().Format(time.RFC3339), c.cause, next))
 	}
+	problems = append(problems, p.unverified()...)
 	if len(problems) == 0 {
 		return nil
 	}

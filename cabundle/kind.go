@@ -157,6 +157,18 @@ type kindAdapter struct {
 	// indexed says that slot paths contain list indexes, which are only
 	// valid on the version that was read; see jsonPatch.
 	indexed bool
+	// preconditioned says that the JSON patch carries the resourceVersion
+	// read even though the paths are fixed: every replica of a signer
+	// writes the same object, and a blind write could put one replica's
+	// older bundle back over another's newer one.
+	preconditioned bool
+	// stringField says that the field is a string (PEM as is) rather than
+	// bytes (base64 in JSON, like every caBundle).
+	stringField bool
+	// create, when set, creates the object of a named target that is
+	// missing, holding bundle: the kind's objects belong to the publisher.
+	// When nil, a missing object is waited for.
+	create func(ctx context.Context, t Target, bundle []byte, fieldManager string) error
 }
 
 // patchFunc sends a PATCH request for the named object.

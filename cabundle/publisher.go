@@ -2,6 +2,7 @@ package cabundle
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/notify"
@@ -51,6 +53,7 @@ type Publisher struct {
 	fieldManager string
 	clock        clock.WithTicker
 	recorder     events.EventRecorder
+	verifiers    []dynamiccert.ServedChainLister
 
 	// queue holds target indexes. A target is the unit of work, so bursts
 	// of events about it (bundle change, watch events, resync) coalesce.
@@ -74,6 +77,9 @@ type Publisher struct {
 	// contests tracks objects whose caBundle another writer keeps
 	// changing (contest.go).
 	contests *contests
+	// verified tracks the objects whose published bundle does not verify
+	// what is served (verify.go).
+	verified verifications
 
 	// obsMu guards every targetState.readBack; listeners are notified
 	// when one changes (observe.go).
@@ -119,6 +125,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		fieldManager: cfg.FieldManager,
 		clock:        cfg.Clock,
 		recorder:     cfg.EventRecorder,
+		verifiers:    slices.Clone(cfg.Verify),
 		logger:       klog.Background(),
 		queue:        workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[int]{Clock: cfg.Clock}),
 		ready:        newReadiness(len(cfg.Targets)),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -56,6 +57,12 @@ func (p *Publisher) Run(ctx context.Context, workers int) {
 	// Providers have no RemoveListener; after Run returns, the listener
 	// adds to a shut-down queue, which drops the item.
 	p.source.AddListener(enqueuer{p})
+	// A served chain that changes is verified at once.
+	for _, v := range p.verifiers {
+		if n, ok := v.(dynamiccertificates.Notifier); ok {
+			n.AddListener(enqueuer{p})
+		}
+	}
 
 	for i, t := range p.targets {
 		wg.Go(func() { t.informer.RunWithContext(ctx) })

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -30,6 +31,12 @@ type Target struct {
 	// another Service, are then left alone. When nil, every caBundle field of
 	// a selected object is written.
 	Service *ServiceRef
+	// SignerName is the spec.signerName of a ClusterTrustBundle the
+	// publisher creates for a named target of that kind, where it is
+	// required; Name must then start with the prefix the API server
+	// requires (see ClusterTrustBundleName). It must be empty for every
+	// other target.
+	SignerName string
 }
 
 // ServiceRef names a Service by namespace and name.
@@ -76,8 +83,13 @@ func (t Target) validate(field string) error {
 		return fmt.Errorf("%s: neither Name nor Selector is set", field)
 	case t.Name != "" && t.Selector != nil:
 		return fmt.Errorf("%s: both Name and Selector are set", field)
+	case t.Name != "" && t.Kind == ClusterTrustBundle:
+		// Named like a path segment: the signer prefix holds colons.
+		if errs := content.IsPathSegmentName(t.Name); len(errs) > 0 {
+			return fmt.Errorf("%s.Name %q is invalid: %s", field, t.Name, strings.Join(errs, "; "))
+		}
 	case t.Name != "":
-		// Every one of these kinds is named like a DNS subdomain; checking
+		// Every other kind is named like a DNS subdomain; checking
 		// here turns a typo into an error at start-up instead of a target
 		// that waits forever.
 		if errs := validation.IsDNS1123Subdomain(t.Name); len(errs) > 0 {
@@ -90,6 +102,13 @@ func (t Target) validate(field string) error {
 		if _, selectable := t.Selector.Requirements(); !selectable {
 			return fmt.Errorf("%s.Selector matches nothing (labels.Nothing())", field)
 		}
+	}
+	if t.Kind == ClusterTrustBundle {
+		if err := t.validateClusterTrustBundle(field); err != nil {
+			return err
+		}
+	} else if t.SignerName != "" {
+		return fmt.Errorf("%s.SignerName is set, but only a ClusterTrustBundle target has a signer name", field)
 	}
 	if t.Service != nil && (t.Service.Namespace == "" || t.Service.Name == "") {
 		return fmt.Errorf("%s.Service %q needs both Namespace and Name", field, t.Service.String())

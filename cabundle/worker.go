@@ -84,6 +84,9 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 		if err != nil {
 			return 0, fmt.Errorf("reading %s %q from the informer cache: %w", t.Kind, t.Name, err)
 		}
+		if !exists && t.adapter.create != nil {
+			return 0, p.create(ctx, t, bundle)
+		}
 		if !exists {
 			p.logs.Get(objectKey(t.Kind, t.Name)).Info(p.logger, "waiting: missing",
 				"Waiting for the object to exist before publishing its caBundle", "kind", t.Kind, "name", t.Name)
@@ -99,6 +102,14 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 			}
 		}
 		slices.SortFunc(views, func(a, b objectView) int { return strings.Compare(a.name, b.name) })
+	}
+
+	// Verify what is published now: the resync and a served chain's
+	// change come through here, not through an object event.
+	for _, v := range views {
+		if t.selects(v.name, v.labels) {
+			p.verify(t, v)
+		}
 	}
 
 	var errs []error
@@ -163,6 +174,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	if stale == 0 {
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
 		p.recovered(key)
+		p.verified.markPublished(key)
 		// A contested object that holds the bundle is cleared once it has
 		// held it long enough; until then, look again when it will have.
 		return true, p.settle(t, v), nil
@@ -202,6 +214,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 	switch {
 	case err == nil:
 		p.writes.record(key, v.resourceVersion, bundle)
+		p.verified.markPublished(key)
 		certmetrics.CABundlePublished(string(kind), resultSuccess)
 		p.recovered(key)
 		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa, "forced", force)
@@ -241,6 +254,34 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		err = fmt.Errorf("publishing caBundle to %s %q: %w", kind, v.name, err)
 		p.logs.Get(key).Error(p.logger, err, "Failed to publish caBundle, will retry with backoff", "object", key)
 		return false, 0, err
+	}
+}
+
+// create creates the missing object of the named target t holding bundle.
+// Its watch event queues the target again, which then finds it up to date;
+// readiness waits for that read-back. AlreadyExists (created by another
+// replica after the cache looked) is a conflict, retried on a newer cache.
+func (p *Publisher) create(ctx context.Context, t *targetState, bundle []byte) error {
+	key := objectKey(t.Kind, t.Name)
+	err := t.adapter.create(ctx, t.Target, bundle, p.fieldManager)
+	switch {
+	case err == nil:
+		certmetrics.CABundlePublished(string(t.Kind), resultSuccess)
+		p.recovered(key)
+		p.verified.markPublished(key)
+		p.logger.Info("Created object holding the bundle", "kind", t.Kind, "name", t.Name)
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case apierrors.IsAlreadyExists(err):
+		certmetrics.CABundlePublished(string(t.Kind), resultConflict)
+		p.logger.V(2).Info("Object created by someone else meanwhile, will retry", "kind", t.Kind, "name", t.Name)
+		return fmt.Errorf("creating %s %q: %w", t.Kind, t.Name, err)
+	default:
+		certmetrics.CABundlePublished(string(t.Kind), resultError)
+		err = fmt.Errorf("creating %s %q: %w", t.Kind, t.Name, err)
+		p.logs.Get(key).Error(p.logger, err, "Failed to create the object holding the bundle, will retry with backoff", "object", key)
+		return err
 	}
 }
 

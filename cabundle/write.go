@@ -30,7 +30,7 @@ func (p *Publisher) buildWrite(a *kindAdapter, v objectView, selected []slot, bu
 		data, err := json.Marshal(a.applyBody(v.name, selected, bundle))
 		return types.ApplyPatchType, data, err
 	}
-	data, err := json.Marshal(jsonPatch(v, selected, bundle, a.indexed))
+	data, err := json.Marshal(jsonPatch(v, selected, bundle, a.indexed || a.preconditioned, a.stringField))
 	return types.JSONPatchType, data, err
 }
 
@@ -45,15 +45,20 @@ func (p *Publisher) buildWrite(a *kindAdapter, v objectView, selected []slot, bu
 // between. The fixed paths of CRDs and APIServices need no precondition, and
 // one would only cause conflicts with the status updates their controllers
 // make.
-func jsonPatch(v objectView, selected []slot, bundle []byte, indexed bool) []jsonPatchOp {
+func jsonPatch(v objectView, selected []slot, bundle []byte, indexed, stringField bool) []jsonPatchOp {
 	ops := make([]jsonPatchOp, 0, len(selected)+1)
 	if indexed && v.resourceVersion != "" {
 		ops = append(ops, jsonPatchOp{Op: "replace", Path: "/metadata/resourceVersion", Value: v.resourceVersion})
 	}
 	for _, s := range selected {
 		if string(s.current) != string(bundle) {
-			// A []byte marshals as base64, as the API expects for caBundle.
-			ops = append(ops, jsonPatchOp{Op: "add", Path: s.path, Value: bundle})
+			// A []byte marshals as base64, as the API expects for caBundle;
+			// a string field takes the PEM as is.
+			var value any = bundle
+			if stringField {
+				value = string(bundle)
+			}
+			ops = append(ops, jsonPatchOp{Op: "add", Path: s.path, Value: value})
 		}
 	}
 	return ops

@@ -240,7 +240,7 @@ func TestTargetValidation(t *testing.T) {
 		{Target{Kind: APIService, Name: "v1.example.com"}, ""},
 		{Target{Kind: APIService, Selector: labels.SelectorFromSet(labels.Set{"app": "x"})}, ""},
 		{Target{Name: "x"}, "T.Kind is not set"},
-		{Target{Kind: "Secret", Name: "x"}, `T.Kind "Secret" is not supported (supported: [APIService CustomResourceDefinition MutatingWebhookConfiguration ValidatingWebhookConfiguration])`},
+		{Target{Kind: "Secret", Name: "x"}, `T.Kind "Secret" is not supported (supported: [APIService ClusterTrustBundle CustomResourceDefinition MutatingWebhookConfiguration ValidatingWebhookConfiguration])`},
 		{Target{Kind: APIService}, "T: neither Name nor Selector is set"},
 		{Target{Kind: APIService, Name: "x", Selector: labels.Everything()}, "T: both Name and Selector are set"},
 		{Target{Kind: APIService, Name: "Not_A_Name"}, `T.Name "Not_A_Name" is invalid`},

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,24 +23,11 @@ func credentialBundle(leaf *tlstest.Leaf) []byte {
 	return bytes.Join([][]byte{leaf.KeyPEM, leaf.CertPEM}, nil)
 }
 
-// kubeletWriteFile is kubeletWrite for a projected volume holding one file:
-// a new timestamped directory, the ..data symlink swapped to it, the
-// user-visible name a symlink through ..data.
+// kubeletWriteFile is kubeletWrite for a projected volume holding one file
+// (tlstest.KubeletWriteFile).
 func kubeletWriteFile(t *testing.T, root, name string, data []byte) {
 	t.Helper()
-	require.NoError(t, os.MkdirAll(root, 0o755))
-	ts := "..2026_" + time.Now().UTC().Format("01_02_15_04_05.000000000")
-	require.NoError(t, os.Mkdir(filepath.Join(root, ts), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(root, ts, name), data, 0o600))
-	old, _ := os.Readlink(filepath.Join(root, "..data"))
-	require.NoError(t, os.Symlink(ts, filepath.Join(root, "..data_tmp")))
-	require.NoError(t, os.Rename(filepath.Join(root, "..data_tmp"), filepath.Join(root, "..data")))
-	if _, err := os.Lstat(filepath.Join(root, name)); errors.Is(err, fs.ErrNotExist) {
-		require.NoError(t, os.Symlink(filepath.Join("..data", name), filepath.Join(root, name)))
-	}
-	if old != "" {
-		require.NoError(t, os.RemoveAll(filepath.Join(root, old)))
-	}
+	tlstest.KubeletWriteFile(t, root, name, data)
 }
 
 func newChain(t *testing.T) *tlstest.Chain {

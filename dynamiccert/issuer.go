@@ -277,6 +277,7 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 	}
 	leafSerial := serial(i.leaf.Cert)
+	leafPEM := leafCertPEM(i.leaf.Cert)
 	i.mu.Unlock()
 
 	if i.replicas != nil {
@@ -292,7 +293,7 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 				trusted = append(trusted, Fingerprint(c))
 			}
 		}
-		i.replicas.announce(trusted, bundle, leafSerial)
+		i.replicas.announce(trusted, bundle, leafSerial, leafPEM)
 	}
 	i.updateStatus(st, now)
 	if changed {

@@ -46,6 +46,11 @@ const (
 	// AuthorityLeafSerialAnnotation is the serial (hex) of the leaf the
 	// replica serves.
 	AuthorityLeafSerialAnnotation = "evercert.io/leaf-serial"
+	// AuthorityLeafAnnotation is the PEM of the leaf certificate the
+	// replica serves (the certificate only, never its key), so that what
+	// is published can be checked against every live replica's leaf
+	// (Authority.ServedChains).
+	AuthorityLeafAnnotation = "evercert.io/leaf"
 )
 
 // announcement is what one replica says about itself.
@@ -53,6 +58,7 @@ type announcement struct {
 	trusted    string // sorted fingerprints, comma separated
 	bundleHash string
 	leafSerial string
+	leafPEM    string
 }
 
 // seenLease is another (or this) replica's announcement as last seen, and
@@ -67,7 +73,10 @@ type seenLease struct {
 	// deleted: the Lease is gone. That is no evidence the replica is (it
 	// recreates its Lease at its next renewal), so it is waited for until
 	// its last renewal ages out, then forgotten.
-	deleted    bool
+	deleted bool
+	// leaf is the leaf the replica announced it serves; nil when it
+	// announced none (an older version) or one that does not parse.
+	leaf       *x509.Certificate
 	observedAt time.Time
 	duration   time.Duration
 }
@@ -116,10 +125,10 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 }
 
 // announce sets what this replica announces; the run loop writes it.
-func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string) {
+func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte) {
 	slices.Sort(trusted)
 	sum := sha256.Sum256(bundle)
-	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial}
+	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM)}
 	r.mu.Lock()
 	changed := a != r.want
 	r.want = a
@@ -312,6 +321,7 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	lease.Annotations[AuthorityTrustedCAsAnnotation] = want.trusted
 	lease.Annotations[AuthorityBundleHashAnnotation] = want.bundleHash
 	lease.Annotations[AuthorityLeafSerialAnnotation] = want.leafSerial
+	lease.Annotations[AuthorityLeafAnnotation] = want.leafPEM
 	lease.Spec.HolderIdentity = ptr.To(r.id)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
@@ -411,7 +421,8 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	if prev != nil && prev.rv == version {
 		return false
 	}
-	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration}
+	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
+		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation])}
 	return prev == nil || !slices.Equal(prev.trusted, trusted)
 }
 

@@ -116,6 +116,10 @@ type Options struct {
 	// Kubeconfig is the kubeconfig file for --tls-secret and --ca-secret;
 	// empty means the in-cluster config. Flag --kubeconfig.
 	Kubeconfig string
+	// KubeconfigUsedElsewhere says that the program embedding these options
+	// uses Kubeconfig for clients of its own, so Validate does not reject a
+	// Kubeconfig given without --tls-secret or --ca-secret. Default false.
+	KubeconfigUsedElsewhere bool
 
 	// ResyncInterval is how often file sources are re-read even without a
 	// change event. Not a flag; default one minute.
@@ -206,7 +210,7 @@ func (o *Options) Validate() []error {
 			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
 		}
 	}
-	if o.Kubeconfig != "" && o.TLSSecret == "" && o.CASecret == "" {
+	if o.Kubeconfig != "" && o.TLSSecret == "" && o.CASecret == "" && !o.KubeconfigUsedElsewhere {
 		errs = append(errs, errors.New("--kubeconfig: only used with --tls-secret or --ca-secret"))
 	}
 	for i, nck := range o.SNICertKeys {

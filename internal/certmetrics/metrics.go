@@ -75,7 +75,7 @@ var (
 func Register() {
 	registerOnce.Do(func() {
 		legacyregistry.MustRegister(expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers,
-			podCertificateRequests, podCertificateDuration)
+			podCertificateRequests, podCertificateDuration, caBundleVerified, caBundleUnverified)
 	})
 }
 

@@ -296,7 +296,8 @@ func (k *kubelet) request(pod *corev1.Pod) (crypto.Signer, *certificatesv1.PodCe
 // writeBundle writes the credential bundle of an issued request the way
 // the kubelet writes credentialBundlePath: the PKCS#8 private key, then the
 // chain as plain CERTIFICATE blocks (anything between or around the blocks,
-// and block headers, dropped).
+// and block headers, dropped), swapped in atomically through the projected
+// volume's ..data symlink. It returns the file's path.
 func (k *kubelet) writeBundle(pod *corev1.Pod, key crypto.Signer, pcr *certificatesv1.PodCertificateRequest) string {
 	k.t.Helper()
 	der, err := x509.MarshalPKCS8PrivateKey(key)
@@ -310,11 +311,9 @@ func (k *kubelet) writeBundle(pod *corev1.Pod, key crypto.Signer, pcr *certifica
 		}
 		require.NoError(k.t, pem.Encode(&b, &pem.Block{Type: block.Type, Bytes: block.Bytes}))
 	}
-	dir := filepath.Join(k.dir, pod.Name)
-	require.NoError(k.t, os.MkdirAll(dir, 0o755))
-	path := filepath.Join(dir, podCertificate(k.t, pod).CredentialBundlePath)
-	require.NoError(k.t, os.WriteFile(path, b.Bytes(), 0o600))
-	return path
+	dir, name := filepath.Join(k.dir, pod.Name), podCertificate(k.t, pod).CredentialBundlePath
+	tlstest.KubeletWriteFile(k.t, dir, name, b.Bytes())
+	return filepath.Join(dir, name)
 }
 
 func newPodKey(t *testing.T, keyType string) crypto.Signer {

@@ -118,15 +118,22 @@ func applyWebhookRBAC(t *testing.T, admin kubernetes.Interface, user, secret str
 // registers it by URL. It is stopped when the test ends.
 func startWebhookReplica(t *testing.T, kubeconfig string, args ...string) *app.Webhook {
 	t.Helper()
-	opts := app.NewOptions()
-	fs := pflag.NewFlagSet("webhook", pflag.ContinueOnError)
-	opts.AddFlags(fs)
-	require.NoError(t, fs.Parse(append([]string{
+	return runWebhookApp(t, append([]string{
 		"--bind-address=127.0.0.1", "--secure-port=0",
 		"--kubeconfig=" + kubeconfig, "--ca-secret=" + ns + "/" + webhookCASecret,
 		"--self-signed-hosts=evercert-example-webhook." + ns + ".svc,127.0.0.1",
 		"--register-url=https://127.0.0.1",
-	}, args...)))
+	}, args...)...)
+}
+
+// runWebhookApp runs the example webhook in-process with exactly the flags
+// args. It is stopped when the test ends.
+func runWebhookApp(t *testing.T, args ...string) *app.Webhook {
+	t.Helper()
+	opts := app.NewOptions()
+	fs := pflag.NewFlagSet("webhook", pflag.ContinueOnError)
+	opts.AddFlags(fs)
+	require.NoError(t, fs.Parse(args))
 	opts.ShutdownTimeout = 2 * time.Second
 	w, err := app.New(opts)
 	require.NoError(t, err)

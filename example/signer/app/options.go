@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/validate/content"
+
+	"github.com/evercert/evercert/cabundle"
 
 	"github.com/evercert/evercert/podcert"
 	"github.com/evercert/evercert/server"
@@ -43,7 +47,18 @@ type Options struct {
 	// pod starts back by seconds.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// ClusterTrustBundle is the suffix of the ClusterTrustBundle the signer
+	// publishes its CA bundle (every unexpired CA) into, named
+	// cabundle.ClusterTrustBundleName(SignerName, suffix), e.g.
+	// "evercert.io:serving:ca"; a successor CA signs only once that bundle
+	// was read back holding it. Empty publishes nothing. Flag
+	// --cluster-trust-bundle, default DefaultClusterTrustBundle.
+	ClusterTrustBundle string
 }
+
+// DefaultClusterTrustBundle is the default suffix of the signer's
+// ClusterTrustBundle.
+const DefaultClusterTrustBundle = "ca"
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
@@ -55,6 +70,8 @@ func NewOptions() *Options {
 		MaxLifetime:  podcert.DefaultMaxLifetimeCap,
 		KubeAPIQPS:   50,
 		KubeAPIBurst: 100,
+
+		ClusterTrustBundle: DefaultClusterTrustBundle,
 	}
 }
 
@@ -67,6 +84,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.KeyTypes, "key-types", o.KeyTypes, "Key types issued to; other requests are denied with reason UnsupportedKeyType. Possible values: RSA3072, RSA4096, ECDSAP256, ECDSAP384, ECDSAP521, ED25519.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Queries per second the signer may send to the API server.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of queries the signer may send to the API server above --kube-api-qps.")
+	fs.StringVar(&o.ClusterTrustBundle, "cluster-trust-bundle", o.ClusterTrustBundle,
+		"Suffix of the ClusterTrustBundle <signer name with / as :>:<suffix> the CA bundle is published into, for pods (clusterTrustBundle volumes) and webhooks (example/webhook --ca-from-signer) to trust. Empty publishes none.")
 	fs.DurationVar(&o.MaxLifetime, "max-lifetime", o.MaxLifetime, "Longest certificate lifetime, whatever a request's maxExpirationSeconds allows (1h to 2184h).")
 }
 
@@ -95,6 +114,12 @@ func (o *Options) Validate() []error {
 	for _, kt := range o.KeyTypes {
 		if !slices.Contains(podcert.AllKeyTypes, kt) {
 			errs = append(errs, fmt.Errorf("--key-types: unknown key type %q (want some of %v)", kt, podcert.AllKeyTypes))
+		}
+	}
+	if o.ClusterTrustBundle != "" {
+		name := cabundle.ClusterTrustBundleName(o.SignerName, o.ClusterTrustBundle)
+		if msgs := content.IsPathSegmentName(name); len(msgs) > 0 || strings.Contains(o.ClusterTrustBundle, ":") {
+			errs = append(errs, fmt.Errorf("--cluster-trust-bundle: %q makes the invalid name %q", o.ClusterTrustBundle, name))
 		}
 	}
 	if o.MaxLifetime < podcert.MinLifetime || o.MaxLifetime > podcert.MaxLifetime {

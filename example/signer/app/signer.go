@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/podcert"
 	"github.com/evercert/evercert/server"
@@ -35,6 +36,7 @@ type Signer struct {
 	serving     *server.Serving
 	authority   *dynamiccert.Authority
 	signer      *podcert.Signer
+	publisher   *cabundle.Publisher // nil without --cluster-trust-bundle
 	broadcaster events.EventBroadcaster
 	handler     http.Handler
 	ready       chan struct{}
@@ -76,8 +78,29 @@ func New(opts *Options) (*Signer, error) {
 		return nil, err
 	}
 	s := &Signer{opts: opts, serving: serving, authority: authority, signer: signer, broadcaster: broadcaster, ready: make(chan struct{})}
+	checks := []healthz.HealthChecker{}
+	if opts.ClusterTrustBundle != "" {
+		// The bundle pods and webhooks trust, kept through rotations; an
+		// observer of the Authority, so a successor CA signs only once the
+		// ClusterTrustBundle holds it. It is verified against the leaf this
+		// replica serves, signed by the same CA as the pods' leaves.
+		s.publisher, err = cabundle.NewPublisher(cabundle.PublisherConfig{
+			Source: authority, KubeClient: client, Clock: opts.Clock, Name: "clustertrustbundle",
+			Targets: []cabundle.Target{{
+				Kind: cabundle.ClusterTrustBundle, SignerName: opts.SignerName,
+				Name: cabundle.ClusterTrustBundleName(opts.SignerName, opts.ClusterTrustBundle),
+			}},
+			Verify:        []dynamiccert.ServedChainLister{authority},
+			EventRecorder: broadcaster.NewRecorder(scheme.Scheme, reportingController),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-trust-bundle: %w", err)
+		}
+		authority.AddObserver(s.publisher)
+		checks = append(checks, s.publisher.HealthCheck())
+	}
 	mux := http.NewServeMux()
-	serving.InstallHandlersWithChecks(mux, server.HealthChecks{Readiness: []healthz.HealthChecker{
+	serving.InstallHandlersWithChecks(mux, server.HealthChecks{Readiness: append(checks,
 		healthz.NamedCheck("podcert-signer", func(*http.Request) error {
 			select {
 			case <-s.ready:
@@ -86,7 +109,7 @@ func New(opts *Options) (*Signer, error) {
 				return fmt.Errorf("signer %s: the requests are not listed yet, or the CA is not loaded", opts.SignerName)
 			}
 		}),
-	}})
+	)})
 	s.handler = mux
 	return s, nil
 }
@@ -94,7 +117,8 @@ func New(opts *Options) (*Signer, error) {
 // Handler returns the HTTP handler: health checks and /metrics.
 func (s *Signer) Handler() http.Handler { return s.handler }
 
-// Ready is closed once the requests are listed and the CA is loaded.
+// Ready is closed once the requests are listed, the CA is loaded and (with
+// --cluster-trust-bundle) published into the ClusterTrustBundle.
 func (s *Signer) Ready() <-chan struct{} { return s.ready }
 
 // Listening is closed once the server listens; Addr then says where.
@@ -125,10 +149,16 @@ func (s *Signer) Run(ctx context.Context) error {
 		return fmt.Errorf("starting the event broadcaster: %w", err)
 	}
 	wg.Go(func() { s.signer.Run(ctx, s.opts.Workers) })
+	if s.publisher != nil {
+		wg.Go(func() { s.publisher.Run(ctx, 0) })
+	}
 	wg.Go(func() {
 		// Ready once the requests are listed and the CA is loaded (the
 		// server has its first certificate, signed by it).
 		if !cache.WaitForCacheSync(ctx.Done(), s.signer.HasSynced, s.serving.HasSynced) {
+			return
+		}
+		if s.publisher != nil && !cache.WaitForCacheSync(ctx.Done(), s.publisher.HasSynced) {
 			return
 		}
 		klog.InfoS("PodCertificateRequest signer ready", "signer", s.opts.SignerName, "caSecret", s.opts.CASecret)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/podcert"
 	"github.com/evercert/evercert/server"
 )
 
@@ -42,6 +43,14 @@ type Options struct {
 	// https URL (plus /validate or /mutate). Without a port, the port the
 	// server listens on is used. Flag --register-url.
 	RegisterURL string
+	// CAFromSigner, when set, takes the caBundle from the ClusterTrustBundles
+	// of this signer (cabundle.ClusterTrustBundleSource) instead of from
+	// --ca-secret, with which it is mutually exclusive: the webhook then
+	// serves a certificate that signer issued, the kubelet's credential
+	// bundle of a podCertificate volume given as both --tls-cert-file and
+	// --tls-private-key-file. The published caBundle is verified against
+	// that served certificate. Flag --ca-from-signer.
+	CAFromSigner string
 	// TargetNamespace, when set, enforces the rule in this one namespace
 	// instead of in the namespaces labelled evercert.io/webhook=enabled.
 	// Flag --target-namespace.
@@ -51,11 +60,15 @@ type Options struct {
 // NewOptions returns the defaults: the server defaults, and both
 // configurations named DefaultConfigurationName.
 func NewOptions() *Options {
-	return &Options{
+	o := &Options{
 		Options:                        server.NewOptions(),
 		ValidatingWebhookConfiguration: DefaultConfigurationName,
 		MutatingWebhookConfiguration:   DefaultConfigurationName,
 	}
+	// The publisher (and, with --ca-from-signer, the ClusterTrustBundle
+	// source) are clients of --kubeconfig whatever the certificate flags.
+	o.Options.KubeconfigUsedElsewhere = true
+	return o
 }
 
 // AddFlags registers every flag on fs.
@@ -70,6 +83,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.RegisterURL, "register-url", o.RegisterURL,
 		"If set (https://HOST[:PORT]), create or update the webhook configurations with clientConfig.url pointing here (/validate, /mutate). "+
 			"Without a port, the port the server listens on is used. For local demos and tests; RBAC additionally needs get, create and update on the configurations.")
+	fs.StringVar(&o.CAFromSigner, "ca-from-signer", o.CAFromSigner,
+		"Signer name (e.g. evercert.io/serving) whose ClusterTrustBundles are the caBundle to publish, instead of --ca-secret's CA; "+
+			"serve the signer's certificate with --tls-cert-file and --tls-private-key-file (a pod's podCertificate credential bundle, both flags naming that file).")
 	fs.StringVar(&o.TargetNamespace, "target-namespace", o.TargetNamespace,
 		"If set, the rule applies to this namespace only, instead of to the namespaces labelled "+EnabledNamespaceLabel+"="+EnabledNamespaceValue+".")
 }
@@ -78,8 +94,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // naming its flag.
 func (o *Options) Validate() []error {
 	errs := o.Options.Validate()
-	if o.CASecret == "" {
-		errs = append(errs, errors.New("--ca-secret: required: the webhook keeps its CA in this Secret and publishes its bundle into the webhook configurations"))
+	switch {
+	case o.CAFromSigner != "" && o.CASecret != "":
+		errs = append(errs, errors.New("--ca-from-signer, --ca-secret: mutually exclusive: the caBundle comes from one of them"))
+	case o.CAFromSigner != "":
+		if err := podcert.ValidateSignerName(o.CAFromSigner); err != nil {
+			errs = append(errs, fmt.Errorf("--ca-from-signer: %w", err))
+		}
+		if o.CertFile == "" {
+			errs = append(errs, errors.New("--ca-from-signer: requires --tls-cert-file and --tls-private-key-file: the certificate the signer issued"))
+		}
+	case o.CASecret == "":
+		errs = append(errs, errors.New("--ca-secret: required (or --ca-from-signer): the webhook keeps its CA in this Secret and publishes its bundle into the webhook configurations"))
 	}
 	if o.ValidatingWebhookConfiguration == "" && o.MutatingWebhookConfiguration == "" {
 		errs = append(errs, errors.New("--validating-webhook-configuration, --mutating-webhook-configuration: at least one must be set"))

@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"sync"
 
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/cabundle"
@@ -22,6 +25,9 @@ import (
 
 const userAgent = "evercert-example-webhook"
 
+// reportingController names the webhook in the Events it sends.
+const reportingController = "evercert.io/example-webhook"
+
 // Webhook is the admission webhook: an HTTPS server (server.Serving, with the
 // CA of --ca-secret) serving the Rule on ValidatePath and MutatePath, a
 // cabundle.Publisher keeping the configurations' caBundle equal to the CA
@@ -30,8 +36,14 @@ type Webhook struct {
 	opts      *Options
 	serving   *server.Serving
 	publisher *cabundle.Publisher
-	client    kubernetes.Interface
-	handler   http.Handler
+	// source is the caBundle published: --ca-secret's CA, or the
+	// ClusterTrustBundles of --ca-from-signer (then also signerBundles).
+	source        dynamiccertificates.CAContentProvider
+	signerBundles *cabundle.ClusterTrustBundleSource
+	client        kubernetes.Interface
+	handler       http.Handler
+	// broadcaster sends the publisher's Events (contested, unverified).
+	broadcaster events.EventBroadcaster
 
 	// registered is closed once the configurations are registered (at
 	// once without --register-url); ready once, in addition, the caBundle
@@ -48,9 +60,6 @@ func New(opts *Options) (*Webhook, error) {
 	if err != nil {
 		return nil, err
 	}
-	if serving.TrustBundle == nil {
-		return nil, errors.New("--ca-secret: the serving certificate has no CA bundle to publish")
-	}
 	restConfig, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
@@ -58,6 +67,21 @@ func New(opts *Options) (*Webhook, error) {
 	client, err := kubernetes.NewForConfig(rest.AddUserAgent(restConfig, userAgent))
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	source := serving.TrustBundle
+	var signerBundles *cabundle.ClusterTrustBundleSource
+	var verify []dynamiccert.ServedChainLister
+	if opts.CAFromSigner != "" {
+		if signerBundles, err = cabundle.NewClusterTrustBundleSource(client, opts.CAFromSigner); err != nil {
+			return nil, fmt.Errorf("--ca-from-signer: %w", err)
+		}
+		source = signerBundles
+		// The API server verifies the served certificate with what is
+		// published: check that it does, and say so when it stops.
+		verify = []dynamiccert.ServedChainLister{dynamiccert.ServedBy(serving.Serving)}
+	}
+	if source == nil {
+		return nil, errors.New("--ca-secret: the serving certificate has no CA bundle to publish")
 	}
 	svc, _ := opts.serviceRef() // validated above
 	var targets []cabundle.Target
@@ -67,7 +91,9 @@ func New(opts *Options) (*Webhook, error) {
 	if opts.MutatingWebhookConfiguration != "" {
 		targets = append(targets, cabundle.Target{Kind: cabundle.MutatingWebhookConfiguration, Name: opts.MutatingWebhookConfiguration, Service: svc})
 	}
-	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{Source: serving.TrustBundle, Targets: targets, KubeClient: client, Clock: opts.Clock})
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{Source: source, Targets: targets, KubeClient: client, Clock: opts.Clock,
+		Verify: verify, EventRecorder: broadcaster.NewRecorder(scheme.Scheme, reportingController)})
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +102,8 @@ func New(opts *Options) (*Webhook, error) {
 	if issuer, ok := serving.TrustBundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
 		issuer.AddObserver(publisher)
 	}
-	w := &Webhook{opts: opts, serving: serving, publisher: publisher, client: client, registered: make(chan struct{}), ready: make(chan struct{})}
+	w := &Webhook{opts: opts, serving: serving, publisher: publisher, source: source, signerBundles: signerBundles, broadcaster: broadcaster,
+		client: client, registered: make(chan struct{}), ready: make(chan struct{})}
 	if opts.RegisterURL == "" {
 		close(w.registered)
 	}
@@ -127,20 +154,34 @@ func (w *Webhook) Listening() <-chan struct{} { return w.serving.Listening() }
 func (w *Webhook) Addr() net.Addr { return w.serving.Addr() }
 
 // CABundle returns the CA bundle the webhook publishes now.
-func (w *Webhook) CABundle() []byte { return w.serving.TrustBundle.CurrentCABundleContent() }
+func (w *Webhook) CABundle() []byte { return w.source.CurrentCABundleContent() }
+
+// HealthCheck returns the readiness check of the caBundle publisher: it
+// fails while the caBundle is not published, contested, or (with
+// --ca-from-signer) does not verify the served certificate.
+func (w *Webhook) HealthCheck() healthz.HealthChecker { return w.publisher.HealthCheck() }
 
 // Run serves, publishes and (with --register-url) registers until ctx is
 // done. It returns nil after a clean shutdown, and a start-up error (no CA,
 // the port in use) at once, after stopping everything it started.
 func (w *Webhook) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	// Deferred calls run last-in first-out: cancel, wait for every
+	// goroutine (the publisher records Events), then stop the broadcaster.
+	defer w.broadcaster.Shutdown()
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	// Deferred calls run last-in first-out: cancel, then wait.
 	defer wg.Wait()
 	defer cancel()
 
 	wg.Go(func() { w.publisher.Run(ctx, 0) })
+	if err := w.broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+		return fmt.Errorf("starting the event broadcaster: %w", err)
+	}
+	if w.signerBundles != nil {
+		wg.Go(func() { w.signerBundles.Run(ctx, 1) })
+	}
+
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():

@@ -117,7 +117,11 @@ func TestRBACManifest(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, map[string]int{"Role": 1, "RoleBinding": 1, "ClusterRole": 2, "ClusterRoleBinding": 2}, kinds)
+	assert.Equal(t, map[string]int{"Role": 1, "RoleBinding": 1, "ClusterRole": 3, "ClusterRoleBinding": 3}, kinds)
+	// --ca-from-signer reads the signer's ClusterTrustBundles; the
+	// publisher sends Events.
+	assert.Equal(t, sets.New("get", "list", "watch"), verbs["clustertrustbundles"])
+	assert.Equal(t, sets.New("create", "patch"), verbs["events"])
 	assert.Equal(t, sets.New("get", "list", "watch", "update", "create"), verbs["secrets"])
 	for _, res := range []string{"validatingwebhookconfigurations", "mutatingwebhookconfigurations"} {
 		assert.Equal(t, sets.New("get", "list", "watch", "patch", "update", "create"), verbs[res], res)

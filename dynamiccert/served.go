@@ -1,0 +1,124 @@
+package dynamiccert
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"slices"
+	"strings"
+
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+)
+
+// This file holds what a server serves, as a published CA bundle must
+// verify it: cabundle checks every published bundle against these chains.
+
+// ServedChain is a certificate chain a server presents in its TLS
+// handshakes: the leaf first, then any intermediates.
+type ServedChain struct {
+	// Server names the server, for logs and Events: a provider's name or
+	// a replica's ID.
+	Server string
+	// Chain is the leaf followed by its intermediates; never empty.
+	Chain []*x509.Certificate
+}
+
+// ServedChainLister lists the chains that servers present now. Its method
+// must be safe for concurrent use and cheap: it is called on every change
+// of a published bundle.
+type ServedChainLister interface {
+	ServedChains() []ServedChain
+}
+
+// ServedBy returns the ServedChainLister of the chain that provider serves
+// in this process (a FileCertKey on the kubelet's credential bundle, a
+// Secret, an Authority's leaf): one chain while the provider has content
+// that parses, none otherwise. The lister is also a
+// dynamiccertificates.Notifier: its listeners are the provider's, told when
+// the served chain changes.
+func ServedBy(provider dynamiccertificates.CertKeyContentProvider) ServedChainLister {
+	return servedBy{provider}
+}
+
+type servedBy struct {
+	dynamiccertificates.CertKeyContentProvider
+}
+
+func (s servedBy) ServedChains() []ServedChain {
+	certPEM, _ := s.CurrentCertKeyContent()
+	var chain []*x509.Certificate
+	for rest := certPEM; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			// The providers only serve chains that parsed; a chain that
+			// does not is none.
+			return nil
+		}
+		chain = append(chain, c)
+	}
+	if len(chain) == 0 {
+		return nil
+	}
+	return []ServedChain{{Server: s.Name(), Chain: chain}}
+}
+
+// ServedChains lists the leaf every live replica of the Authority
+// announced in its Lease (AuthorityLeafAnnotation), this replica's
+// included, by "replica/<id>": what clients of any replica are served,
+// for cabundle to check the published bundles against. With
+// DisableReplicaAnnouncements it is this replica's own leaf. A replica is
+// live as long as it counts for a rotation: until its lease duration has
+// passed, on this process's clock, since its last renewal was seen.
+func (a *Authority) ServedChains() []ServedChain {
+	if a.replicas == nil {
+		if leaf := a.Leaf(); leaf != nil {
+			return []ServedChain{{Server: a.Name(), Chain: []*x509.Certificate{leaf}}}
+		}
+		return nil
+	}
+	return a.replicas.servedChains()
+}
+
+var _ ServedChainLister = (*Authority)(nil)
+
+// servedChains returns the announced leaf of every live replica, sorted by
+// replica.
+func (r *replicaSet) servedChains() []ServedChain {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	unseen := r.unseenLocked(now)
+	var out []ServedChain
+	for _, l := range r.seen {
+		if l.leaf != nil && !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) {
+			out = append(out, ServedChain{Server: "replica/" + l.holder, Chain: []*x509.Certificate{l.leaf}})
+		}
+	}
+	slices.SortFunc(out, func(x, y ServedChain) int { return strings.Compare(x.Server, y.Server) })
+	return out
+}
+
+// leafCertPEM is the PEM of a leaf certificate, for its announcement.
+func leafCertPEM(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}
+
+// parseAnnouncedLeaf parses an announced leaf; nil when there is none or
+// it does not parse (it then verifies nothing, and is checked by nothing).
+func parseAnnouncedLeaf(s string) *x509.Certificate {
+	block, _ := pem.Decode([]byte(s))
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil
+	}
+	return c
+}
