@@ -169,6 +169,9 @@ func TestServerSideApplyDoesNotForceSilently(t *testing.T) {
 	if err := p.HealthCheck().Check(nil); err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "helm") {
 		t.Errorf("health check: %v, want a failure naming %s and helm", err, key)
 	}
+	// The Event is sent right after the contested write is counted: wait
+	// for it rather than race it.
+	eventually(t, 10*time.Second, "the contested Event", func() bool { return len(rec.find(reasonContested)) >= 1 })
 	if ev := rec.find(reasonContested); len(ev) != 1 || !strings.Contains(ev[0].note, "helm") || !strings.Contains(ev[0].note, "not forcing") {
 		t.Errorf("contested events %+v, want one naming helm and saying it does not force", ev)
 	}
