@@ -124,15 +124,19 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 		if p == nil {
 			continue
 		}
-		nameOnly := isNameOnly(p)
-		c.sniSlots = append(c.sniSlots, newCertSlot(o, p, p, RoleSNI))
+		primary := newCertSlot(o, p, p, RoleSNI)
+		c.sniSlots = append(c.sniSlots, primary)
 		p.AddListener(c)
 		for _, alt := range alternativesOf(p) {
 			if alt == nil {
 				continue
 			}
 			slot := newCertSlot(o, alt, alt, RoleSNI)
-			slot.nameOnly = slot.nameOnly || nameOnly
+			if primary.nameOnly {
+				// The alternatives of a name-only provider are name-only
+				// too, and serve its names with it.
+				slot.nameOnly, slot.owner = true, primary
+			}
 			c.sniSlots = append(c.sniSlots, slot)
 			alt.AddListener(c)
 		}
