@@ -247,14 +247,6 @@ func (p *SecretCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Cert
 	return p.cur.Load().parsed()
 }
 
-// current returns the parsed last good pair, or nil.
-func (p *SecretCertKey) current() *pki.KeyPair {
-	if c := p.cur.Load(); c != nil {
-		return c.pair
-	}
-	return nil
-}
-
 // LastError returns the last load or watch error, nil after a success.
 func (p *SecretCertKey) LastError() error { return p.src.report.lastError() }
 

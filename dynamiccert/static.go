@@ -81,9 +81,6 @@ func (s *StaticCertKey) CurrentParsedCertKeyContent() ([]byte, []byte, *tls.Cert
 	return s.certPEM, s.keyPEM, &s.pair.TLS
 }
 
-// current returns the parsed key pair.
-func (s *StaticCertKey) current() *pki.KeyPair { return s.pair }
-
 // AddListener does nothing: static content never changes.
 func (s *StaticCertKey) AddListener(dynamiccertificates.Listener) {}
 
