@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -219,7 +220,14 @@ func (p *FileCertKey) read() (certPEM, keyPEM []byte, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return pki.SplitCertKey(data)
+		certPEM, keyPEM, err := pki.SplitCertKey(data)
+		if err != nil {
+			// Marked with the file's content, as storeCertKey marks a
+			// pair that does not parse: another bad file with the same
+			// message is another failure, a re-read of this one is not.
+			return nil, nil, certreport.WithContent(err, data)
+		}
+		return certPEM, keyPEM, nil
 	}
 	if certPEM, err = readPEMFile(p.src.paths[0]); err != nil {
 		return nil, nil, err

@@ -87,15 +87,23 @@ type seenLease struct {
 // distinct error and retried with backoff; they never block rotation on
 // their own: a replica whose Lease cannot be seen is not waited for.
 type replicaSet struct {
-	client     kubernetes.Interface
-	namespace  string
-	authority  string // the CA Secret's name
-	id         string
-	leaseName  string
-	duration   time.Duration
-	clock      clock.WithTicker
-	report     *reporter
-	wantChange chan struct{}
+	client    kubernetes.Interface
+	namespace string
+	authority string // the CA Secret's name
+	id        string
+	leaseName string
+	duration  time.Duration
+	clock     clock.WithTicker
+	// report reports the writes of this replica's Lease; watchReport the
+	// watch of the others', under the same provider name. They fail and
+	// recover apart (RBAC may allow one and not the other), and a write that
+	// succeeds must not make a watch failure retried since look new. The
+	// informer does not say when its watch recovers (a list that succeeds
+	// may be followed by a watch that fails again), so watchReport counts a
+	// failure again only when its message changes.
+	report      *reporter
+	watchReport *reporter
+	wantChange  chan struct{}
 
 	mu      sync.Mutex
 	want    announcement
@@ -117,9 +125,10 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 		sum := sha256.Sum256([]byte(name))
 		name = name[:validation.DNS1123SubdomainMaxLength-17] + "-" + hex.EncodeToString(sum[:8])
 	}
+	reportName := providerName + "/replica-announcement"
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
-		duration: duration, clock: clk, report: newReporter(providerName+"/replica-announcement", nil, nil),
+		duration: duration, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
 		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
 	}
 }
@@ -366,7 +375,7 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
 			return
 		}
-		_ = r.report.failed(fmt.Errorf("watching replica leases in %s: %w", r.namespace, describeLeaseError(err)))
+		_ = r.watchReport.failed(fmt.Errorf("watching replica leases in %s: %w", r.namespace, describeLeaseError(err)))
 	})
 	onChange := func(obj any) {
 		if l, ok := obj.(*coordinationv1.Lease); ok && r.observe(l) {

@@ -93,7 +93,7 @@ func (w *bundleFileWriter) Enqueue() {
 	}
 }
 
-// run writes the bundle at every change until ctx is done. A failed write
+// run writes the bundle at start and at every change until ctx is done. A failed write
 // is retried with exponential backoff on w.clock until one succeeds; a
 // change in between is written at once (and, failing, keeps backing off).
 // Each distinct error is logged once, and recovery is logged, on the
@@ -110,6 +110,11 @@ func (w *bundleFileWriter) run(ctx context.Context) {
 			retry.Stop()
 		}
 	}()
+	// Write what the source holds now: without a RunOnce first, and for a
+	// source whose content predates the writer (a self-signed CA is made
+	// when it is built), no change may ever be announced. A bundle already
+	// written is not written again.
+	w.Enqueue()
 	for {
 		var retryC <-chan time.Time
 		if retry != nil {

@@ -15,7 +15,8 @@ import (
 
 // Serve loads s (RunOnce), keeps it current (Run) and serves handler over
 // HTTPS until ctx is done or serving fails. It opens no listener before the
-// first certificate is loaded.
+// first certificate is loaded, nor at all when ctx ends first; it then
+// returns nil.
 //
 // When ctx ends it stops accepting connections, gives in-flight requests up
 // to Options.ShutdownTimeout to finish, closes what is left, and returns nil
@@ -33,7 +34,13 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	if err := s.RunOnce(ctx); err != nil {
+	err := s.RunOnce(ctx)
+	if ctx.Err() != nil {
+		// Shut down before serving (a signal during start-up): not a
+		// start-up failure, whatever RunOnce made of the ended context.
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	wg.Go(func() { s.Run(ctx, 1) })

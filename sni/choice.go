@@ -17,9 +17,9 @@ import (
 type choice struct {
 	// certs is never empty and is ordered by keyRank, one per rank.
 	certs []*tls.Certificate
-	// exclusive marks a name-only provider's names (NameOnlyProvider): no
-	// other certificate joins them.
-	exclusive bool
+	// owner is set on a name-only provider's names (NameOnlyProvider) to
+	// that provider's slot: only its own alternatives join them.
+	owner *certSlot
 }
 
 // Key algorithm ranks, in order of preference: an ECDSA handshake costs the
@@ -77,10 +77,12 @@ func pickSupported(certs []*tls.Certificate, hello *tls.ClientHelloInfo) *tls.Ce
 
 // join returns the choice with cert added when no certificate of its key
 // algorithm is there yet, and c itself otherwise: the earlier claim keeps
-// a name against a certificate of the same algorithm. Name-only choices
-// take no one, and a name-only certificate joins no one.
-func (c *choice) join(cert *tls.Certificate, nameOnly bool) *choice {
-	if c.exclusive || nameOnly {
+// a name against a certificate of the same algorithm. owner is the
+// name-only provider's slot cert belongs to, or nil: a name-only choice
+// takes only the alternatives of its own provider, and a name-only
+// certificate joins only its own provider's names.
+func (c *choice) join(cert *tls.Certificate, owner *certSlot) *choice {
+	if c.owner != owner {
 		return c
 	}
 	rank := keyRank(cert)
@@ -88,7 +90,7 @@ func (c *choice) join(cert *tls.Certificate, nameOnly bool) *choice {
 	if found {
 		return c
 	}
-	return &choice{certs: slices.Insert(slices.Clone(c.certs), i, cert)}
+	return &choice{certs: slices.Insert(slices.Clone(c.certs), i, cert), owner: c.owner}
 }
 
 // has reports whether cert is one of c's certificates.

@@ -140,16 +140,19 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 		if p == nil {
 			continue
 		}
-		nameOnly := isNameOnly(p)
-		slot := newCertSlot(o, p, p, RoleSNI)
-		c.sniSlots = append(c.sniSlots, slot)
-		p.AddListener(slotListener{c, slot})
+		primary := newCertSlot(o, p, p, RoleSNI)
+		c.sniSlots = append(c.sniSlots, primary)
+		p.AddListener(slotListener{c, primary})
 		for _, alt := range alternativesOf(p) {
 			if alt == nil {
 				continue
 			}
 			slot := newCertSlot(o, alt, alt, RoleSNI)
-			slot.nameOnly = slot.nameOnly || nameOnly
+			if primary.nameOnly {
+				// The alternatives of a name-only provider are name-only
+				// too, and serve its names with it.
+				slot.nameOnly, slot.owner = true, primary
+			}
 			c.sniSlots = append(c.sniSlots, slot)
 			alt.AddListener(slotListener{c, slot})
 		}

@@ -72,7 +72,9 @@
 //   - The default's alternatives are the certificates of other algorithms
 //     with exactly the same DNS and IP SANs: the serving provider's
 //     alternatives first, then SNI certificates in order.
-//   - A name-only provider's names are its alone: nothing joins them.
+//   - A name-only provider's names are its alone: only its own
+//     alternatives (AlternativesProvider) join them, and they are
+//     name-only too.
 //   - A provider that implements AlternativesProvider (dynamiccert.SelfSigned
 //     and Authority with several KeyTypes) has its alternatives served as if
 //     listed right after it.

@@ -18,7 +18,8 @@ import (
 //   - IP addresses among its SNINames are ignored, so it is never selected
 //     for a local IP either;
 //   - it wins its names over every other provider, whatever their order,
-//     and no certificate of another key algorithm joins them.
+//     and no certificate of another key algorithm joins them but its own
+//     alternatives (AlternativesProvider), which are name-only too.
 //
 // A name-only provider without explicit SNINames is never selected. If only
 // name-only providers have valid content, there is nothing to serve by

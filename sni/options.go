@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -40,7 +41,9 @@ type ControllerConfig struct {
 	Serving dynamiccertificates.CertKeyContentProvider
 	// SNI are the certificates selected by name, in precedence order: when
 	// two claim a name with certificates of the same key algorithm, the
-	// earlier wins. nil entries are skipped. Without Serving, the first
+	// earlier wins. nil entries are skipped; a nil pointer of a provider
+	// type (a non-nil interface holding nil), here or in Serving or
+	// ClientCA, is an error. Without Serving, the first
 	// valid SNI certificate is the default.
 	SNI []dynamiccertificates.SNICertKeyContentProvider
 	// ClientCA, when set, verifies client certificates.
@@ -108,6 +111,9 @@ func (cfg ControllerConfig) complete() (options, *tls.Config, error) {
 	if base == nil {
 		base = &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 	}
+	if err := cfg.checkTypedNil(); err != nil {
+		return o, nil, err
+	}
 	if cfg.Serving == nil && !hasProvider(cfg.SNI) {
 		return o, nil, errors.New("ControllerConfig: neither Serving nor SNI is set, so there is nothing to serve")
 	}
@@ -130,6 +136,36 @@ func hasProvider(ps []dynamiccertificates.SNICertKeyContentProvider) bool {
 		if p != nil {
 			return true
 		}
+	}
+	return false
+}
+
+// checkTypedNil refuses a provider that is a nil pointer (or other nil
+// value) of a concrete type: the interface holding it is not nil, so it
+// would pass for a provider and panic at its first method call.
+func (cfg ControllerConfig) checkTypedNil() error {
+	if isTypedNil(cfg.Serving) {
+		return fmt.Errorf("ControllerConfig.Serving is a nil %T", cfg.Serving)
+	}
+	for i, p := range cfg.SNI {
+		if isTypedNil(p) {
+			return fmt.Errorf("ControllerConfig.SNI[%d] is a nil %T; leave nil providers out, or use a nil interface, which is skipped", i, p)
+		}
+	}
+	if isTypedNil(cfg.ClientCA) {
+		return fmt.Errorf("ControllerConfig.ClientCA is a nil %T", cfg.ClientCA)
+	}
+	return nil
+}
+
+// isTypedNil reports whether v is a non-nil interface holding a nil value.
+func isTypedNil(v any) bool {
+	if v == nil {
+		return false
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
 	}
 	return false
 }

@@ -41,6 +41,11 @@ type certSlot struct {
 	// nameOnly is set for a NameOnlyProvider: the slot is never the default
 	// and claims only its explicit, non-IP names (see NameOnlyProvider).
 	nameOnly bool
+	// owner is, for a name-only slot, the slot of the name-only provider
+	// (itself, or the provider whose alternative it is), so that the
+	// provider's alternatives join its names and nobody else does; nil
+	// otherwise.
+	owner *certSlot
 	// name is the provider's Name() as of the last refresh.
 	name string
 	// report reports what the controller parses and what it rejects.
@@ -95,8 +100,8 @@ func newCertSlot(o options, p dynamiccertificates.CertKeyContentProvider, sni dy
 	s := &certSlot{provider: p, sni: sni, role: role, name: p.Name(),
 		report: certreport.New(p.Name(), o.eventRecorder, o.eventObject)}
 	s.parsed, _ = p.(ParsedCertKeyProvider)
-	if sni != nil {
-		s.nameOnly = isNameOnly(sni)
+	if sni != nil && isNameOnly(sni) {
+		s.nameOnly, s.owner = true, s
 	}
 	return s
 }
@@ -194,7 +199,7 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	s.cert, s.key, s.pair = certPEM, keyPEM, pair
 	s.extracted = extracted
 	s.sans, s.ipSANs = sans, ipSANs
-	s.single = &choice{certs: []*tls.Certificate{&pair.TLS}, exclusive: s.nameOnly}
+	s.single = &choice{certs: []*tls.Certificate{&pair.TLS}, owner: s.owner}
 	desc := describe(s.name, s.role, pair.Leaf)
 	s.desc = &desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil

@@ -72,7 +72,7 @@ type replacement struct {
 
 // in returns c with old replaced by cur, in old's place; c must hold old.
 func (r *replacement) in(c *choice) *choice {
-	if len(c.certs) == 1 && c.exclusive == r.single.exclusive {
+	if len(c.certs) == 1 && c.owner == r.single.owner {
 		return r.single // the slot's old single choice
 	}
 	if made, ok := r.made[c]; ok {
@@ -80,7 +80,7 @@ func (r *replacement) in(c *choice) *choice {
 	}
 	certs := slices.Clone(c.certs)
 	certs[slices.Index(certs, r.old)] = r.cur
-	made := &choice{certs: certs, exclusive: c.exclusive}
+	made := &choice{certs: certs, owner: c.owner}
 	if r.made == nil {
 		r.made = map[*choice]*choice{}
 	}

@@ -177,7 +177,7 @@ func requireSameChoice(t *testing.T, want, got *choice, what string) {
 	for i, cert := range want.certs {
 		require.Same(t, cert, got.certs[i], "%s: candidate %d", what, i)
 	}
-	require.Equal(t, want.exclusive, got.exclusive, "%s: exclusive", what)
+	require.Same(t, want.owner, got.owner, "%s: owner", what)
 }
 
 // sharesIndex reports whether cur shares an index map with prev, which only

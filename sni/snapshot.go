@@ -130,7 +130,7 @@ func buildSnapshot(in snapshotInput) (*snapshot, error) {
 	if def.sans != "" {
 		for slot := range chainSlots(in.serving, in.sni) {
 			if slot.pair != nil && slot != def && !slot.nameOnly && slot.sans == def.sans {
-				s.def = s.def.join(&slot.pair.TLS, false)
+				s.def = s.def.join(&slot.pair.TLS, nil)
 			}
 		}
 	}
@@ -272,7 +272,7 @@ func claimIn[K comparable](m map[K]*choice, key K, slot *certSlot, joinOnly bool
 	held, taken := m[key]
 	switch {
 	case taken:
-		m[key] = held.join(&slot.pair.TLS, slot.nameOnly)
+		m[key] = held.join(&slot.pair.TLS, slot.owner)
 	case !joinOnly:
 		if m == nil {
 			m = make(map[K]*choice)

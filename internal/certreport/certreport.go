@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -159,13 +160,20 @@ func (r *Reporter) LastError() error { return r.failures.Err() }
 
 // Event sends an Event about the configured object, if there is a recorder
 // and an object. note is sent as is (not as a format), cut to the length the
-// API server accepts.
+// API server accepts, between characters.
 func (r *Reporter) Event(eventtype, reason, action, note string) {
 	if r.recorder == nil || r.object == nil {
 		return
 	}
 	if len(note) > maxNote {
-		note = note[:maxNote-3] + "..."
+		// Cut between characters: the bytes of a cut one would become
+		// U+FFFD, three bytes each, in the JSON sent to the API server,
+		// which would then refuse the note as too long.
+		cut := maxNote - 3
+		for cut > 0 && !utf8.RuneStart(note[cut]) {
+			cut--
+		}
+		note = note[:cut] + "..."
 	}
 	r.recorder.Eventf(r.object, nil, eventtype, reason, action, "%s", note)
 }
