@@ -1,11 +1,10 @@
-// Package certmetricstest reads evercert metrics back from the legacyregistry
-// in tests.
+// Package certmetricstest reads evercert metrics back in tests, from
+// evercert's own collectors only (certmetrics.Gatherer).
 package certmetricstest
 
 import (
 	"testing"
 
-	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/component-base/metrics/testutil"
 
 	"github.com/evercert/evercert/internal/certmetrics"
@@ -15,8 +14,7 @@ import (
 // labels, or 0 when the series does not exist yet.
 func Value(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
-	certmetrics.Register()
-	families, err := legacyregistry.DefaultGatherer.Gather()
+	families, err := certmetrics.Gatherer().Gather()
 	if err != nil {
 		t.Fatalf("gathering metrics: %v", err)
 	}
@@ -63,8 +61,7 @@ func HistogramCount(t testing.TB, name string, labels map[string]string) uint64 
 // exactly labels, or zeros when the series does not exist yet.
 func Histogram(t testing.TB, name string, labels map[string]string) (count uint64, sum float64) {
 	t.Helper()
-	certmetrics.Register()
-	families, err := legacyregistry.DefaultGatherer.Gather()
+	families, err := certmetrics.Gatherer().Gather()
 	if err != nil {
 		t.Fatalf("gathering metrics: %v", err)
 	}
