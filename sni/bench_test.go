@@ -213,7 +213,12 @@ func BenchmarkHandshake(b *testing.B) {
 			{"static", static},
 		} {
 			b.Run(tc.name+"/"+string(kt), func(b *testing.B) {
-				benchHandshakes(b, tc.cfg, f)
+				benchHandshakes(b, tc.cfg, &tls.Config{
+					ServerName:             "default.test",
+					RootCAs:                x509Pool(b, f.ca),
+					MinVersion:             tls.VersionTLS13,
+					SessionTicketsDisabled: true,
+				})
 			})
 		}
 	}
@@ -228,7 +233,9 @@ func staticCertKey(b *testing.B, iss *pki.Issued) dynamiccertificates.CertKeyCon
 	return p
 }
 
-func benchHandshakes(b *testing.B, serverCfg *tls.Config, f *benchFixture) {
+// benchHandshakes runs full handshakes of clientCfg against a server with
+// serverCfg on 127.0.0.1, one connection each.
+func benchHandshakes(b *testing.B, serverCfg, clientCfg *tls.Config) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -252,12 +259,6 @@ func benchHandshakes(b *testing.B, serverCfg *tls.Config, f *benchFixture) {
 		ln.Close()
 		wg.Wait()
 	}()
-	clientCfg := &tls.Config{
-		ServerName:             "default.test",
-		RootCAs:                x509Pool(b, f.ca),
-		MinVersion:             tls.VersionTLS13,
-		SessionTicketsDisabled: true,
-	}
 	addr := ln.Addr().String()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -2,10 +2,7 @@ package sni
 
 import (
 	"crypto/tls"
-	"net"
-	"sync"
 	"testing"
-	"time"
 )
 
 // BenchmarkDualCertificate measures serving an ECDSA and an RSA certificate
@@ -69,53 +66,8 @@ func BenchmarkDualCertificate(b *testing.B) {
 			{"rsa-client", rsaClient("dual.test")},
 		} {
 			b.Run("handshake/"+server.name+"/"+client.name, func(b *testing.B) {
-				dualHandshakes(b, server.cfg, client.cfg)
+				benchHandshakes(b, server.cfg, client.cfg)
 			})
 		}
-	}
-}
-
-// dualHandshakes runs full handshakes of client against a server with
-// serverCfg on 127.0.0.1, one connection each.
-func dualHandshakes(b *testing.B, serverCfg, clientCfg *tls.Config) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	results := make(chan error, 1)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn := tls.Server(raw, serverCfg)
-			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-			err = conn.Handshake()
-			conn.Close()
-			results <- err
-		}
-	})
-	defer func() {
-		ln.Close()
-		wg.Wait()
-	}()
-	addr := ln.Addr().String()
-	b.ReportAllocs()
-	for b.Loop() {
-		raw, err := net.Dial("tcp", addr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		conn := tls.Client(raw, clientCfg)
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := conn.Handshake(); err != nil {
-			b.Fatal(err)
-		}
-		if err := <-results; err != nil {
-			b.Fatal(err)
-		}
-		conn.Close()
 	}
 }
