@@ -30,7 +30,6 @@ import (
 	"github.com/stretchr/testify/require"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -82,39 +81,6 @@ func decodeYAML(t *testing.T, path string) []runtime.Object {
 		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
 		require.NoError(t, err, path)
 		objs = append(objs, obj)
-	}
-}
-
-// applySignerRBAC creates the objects of example/signer/rbac.yaml, the
-// Role and RoleBinding in ns for the Secret secret, every subject replaced
-// by user: the e2e test runs with exactly the documented permissions.
-func applySignerRBAC(t *testing.T, admin kubernetes.Interface, user, secret string) {
-	t.Helper()
-	ctx := context.Background()
-	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
-	for _, obj := range decodeYAML(t, "../../example/signer/rbac.yaml") {
-		var err error
-		switch o := obj.(type) {
-		case *rbacv1.Role:
-			o.Namespace = ns
-			for i := range o.Rules {
-				if len(o.Rules[i].ResourceNames) > 0 {
-					o.Rules[i].ResourceNames = []string{secret}
-				}
-			}
-			_, err = admin.RbacV1().Roles(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			o.Namespace, o.Subjects = ns, subjects
-			_, err = admin.RbacV1().RoleBindings(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			o.Subjects = subjects
-			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("rbac.yaml: unexpected object %T", obj)
-		}
-		require.NoError(t, err)
 	}
 }
 

@@ -3,15 +3,12 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,13 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -57,58 +51,6 @@ func webhookNamespaces(t *testing.T, admin kubernetes.Interface) {
 		webhookDisabledNS: nil,
 	} {
 		_, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
-}
-
-// applyWebhookRBAC creates the objects of example/webhook/rbac.yaml, with
-// the Role in ns limited to the Secret secret, the ClusterRoles limited to
-// the configuration names configs, and every binding's subject replaced by
-// user. So the e2e tests run with exactly the documented permissions.
-func applyWebhookRBAC(t *testing.T, admin kubernetes.Interface, user, secret string, configs ...string) {
-	t.Helper()
-	ctx := context.Background()
-	f, err := os.Open("../../example/webhook/rbac.yaml")
-	require.NoError(t, err)
-	defer f.Close()
-	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(f))
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		require.NoError(t, err)
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		require.NoError(t, err)
-		switch o := obj.(type) {
-		case *rbacv1.Role:
-			o.Namespace = ns
-			for i := range o.Rules {
-				if len(o.Rules[i].ResourceNames) > 0 {
-					o.Rules[i].ResourceNames = []string{secret}
-				}
-			}
-			_, err = admin.RbacV1().Roles(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			o.Namespace, o.Subjects = ns, subjects
-			_, err = admin.RbacV1().RoleBindings(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			for i := range o.Rules {
-				if len(o.Rules[i].ResourceNames) > 0 {
-					o.Rules[i].ResourceNames = configs
-				}
-			}
-			_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			o.Subjects = subjects
-			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("rbac.yaml: unexpected object %T", obj)
-		}
 		require.NoError(t, err)
 	}
 }
