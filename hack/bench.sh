@@ -30,6 +30,7 @@ RESUMPTIONS=${RESUMPTIONS:-300}
 benches=(
   "./sni/:^BenchmarkGetConfigForClient$"
   "./sni/:^BenchmarkHandshake$"
+  "./sni/:^BenchmarkDualCertificate$"
   "./test/handshake/:^BenchmarkServerHandshake$:${HANDSHAKES}x"
   "./test/handshake/:^BenchmarkServerHandshakeMTLS$:${HANDSHAKES}x"
   "./test/handshake/:^BenchmarkServerResumption$:${RESUMPTIONS}x"

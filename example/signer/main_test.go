@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"testing"
 
@@ -11,6 +12,9 @@ import (
 
 // TestSignerBadFlagsExit: the binary refuses bad flags at start, exit code
 // 2, naming each flag, before it opens a listener or calls the API server.
+// TestMain removes the binaries the tests build (proctest.Build).
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+
 func TestSignerBadFlagsExit(t *testing.T) {
 	bin := proctest.Build(t, "github.com/evercert/evercert/example/signer")
 	for name, tc := range map[string]struct {

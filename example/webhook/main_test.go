@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -25,6 +26,9 @@ import (
 )
 
 // runToExit runs bin with args until it exits (internal/proctest).
+// TestMain removes the binaries the tests build (proctest.Build).
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
+
 func runToExit(t *testing.T, bin string, args ...string) (int, string) {
 	t.Helper()
 	return proctest.RunToExit(t, exec.Command(bin, args...))

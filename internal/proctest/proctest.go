@@ -6,11 +6,13 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,24 +22,58 @@ import (
 
 var (
 	buildMu sync.Mutex
-	built   = map[string]string{}
+	// buildDir holds every binary Build made; Main creates and removes it.
+	buildDir string
+	built    = map[string]string{}
 )
+
+// Main runs the tests of a package whose tests build commands with Build,
+// and removes the binaries when they are done: call it from TestMain as
+// os.Exit(proctest.Main(m)). Build fails a test that runs without it, so
+// that no test process leaves its binaries (about 90 MB each) behind in the
+// temporary directory.
+func Main(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "evercert-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proctest:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	buildMu.Lock()
+	buildDir = dir
+	buildMu.Unlock()
+	return m.Run()
+}
+
+// Dir returns the directory Build writes binaries to, for a test that
+// places its own executables next to them; Main removes it.
+func Dir(t testing.TB) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if buildDir == "" {
+		t.Fatal("proctest: TestMain must call proctest.Main")
+	}
+	return buildDir
+}
 
 // Build compiles the main package pkg (an import path such as
 // "github.com/evercert/evercert/example/server") once per test process and
-// returns the binary's path.
+// returns the binary's path. The package's TestMain must call Main.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	dir := Dir(t)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if bin, ok := built[pkg]; ok {
 		return bin
 	}
-	dir, err := os.MkdirTemp("", "evercert-bin-")
-	if err != nil {
+	// A directory per package: binaries of different packages may share a
+	// base name, which is also the name the process runs under.
+	bin := filepath.Join(dir, strconv.Itoa(len(built)), filepath.Base(pkg))
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		t.Fatalf("building %s: %v", pkg, err)
 	}
-	bin := filepath.Join(dir, filepath.Base(pkg))
 	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 		t.Fatalf("building %s: %v\n%s", pkg, err, out)
 	}

@@ -10,20 +10,23 @@ import (
 	"github.com/evercert/evercert/internal/tlstest"
 )
 
-// Benchmarks here measure, they do not assert. Each runs the example
-// server, upstream's controller and a static config (startTargets) and, in
-// every iteration, one connection to each of them in a random order, so
-// that load from elsewhere on the machine falls on all three alike.
-// ns/op is the three connections together.
+// Benchmarks here measure, they do not assert. Each runs four servers
+// (startTargets): the example server, and the same net/http server on
+// evercert's server package, on upstream's controller and on a static
+// config; in every iteration it makes one connection to each of them in a
+// random order, so that load from elsewhere on the machine falls on all
+// four alike. ns/op is the four connections together.
 //
-// Metrics, per server NAME (evercert, upstream, static):
+// Metrics, per server NAME (evercert, library, upstream, static):
 //   - NAME-hs/s: connections per second, each a new TCP connection, a
 //     full TLS 1.3 handshake and the close (tlstest.Exchange), from the
 //     client's clock;
 //   - NAME-server-us/hs: the server process's CPU time per connection,
 //     from /proc, over the whole loop (background work included, such as
 //     the example server's once-a-second loopback self-check);
-//   - evercert/static and evercert/upstream: the ratios of hs/s.
+//   - evercert/static, evercert/upstream, library/static and
+//     library/upstream: the ratios of hs/s. library/upstream compares the
+//     two controllers alone: same binary, same http.Server, same files.
 
 // warmup connections per server before measuring: the first ones pay for
 // lazy set-up (session ticket keys, HTTP/2 server, heap growth).
@@ -204,4 +207,6 @@ func reportRates(b *testing.B, targets []*target) {
 	}
 	b.ReportMetric(rate["evercert"]/rate[kindStatic], "evercert/static")
 	b.ReportMetric(rate["evercert"]/rate[kindUpstream], "evercert/upstream")
+	b.ReportMetric(rate[kindLibrary]/rate[kindStatic], "library/static")
+	b.ReportMetric(rate[kindLibrary]/rate[kindUpstream], "library/upstream")
 }

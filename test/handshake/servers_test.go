@@ -26,6 +26,9 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	cliflag "k8s.io/component-base/cli/flag"
+
+	"github.com/evercert/evercert/internal/proctest"
+	"github.com/evercert/evercert/server"
 )
 
 // serveCommand, as the test binary's first argument, makes it a
@@ -36,10 +39,15 @@ const serveCommand = "serve"
 const (
 	kindStatic   = "static"
 	kindUpstream = "upstream"
+	// kindLibrary is evercert's server package (server.Options.Build, the
+	// sni controller and file providers) behind this binary's http.Server:
+	// the library without the example server's process around it.
+	kindLibrary = "library"
 )
 
 // TestMain runs the test binary as a comparison server when its first
-// argument is serveCommand, and runs the tests otherwise.
+// argument is serveCommand, and runs the tests otherwise (removing the
+// binaries they build and copy).
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == serveCommand {
 		if err := serve(os.Args[2:]); err != nil {
@@ -48,7 +56,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(proctest.Main(m))
 }
 
 // serveFlags are the example server's certificate flags, with the same
@@ -100,8 +108,10 @@ func serve(args []string) error {
 		done = func() {}
 	case kindUpstream:
 		cfg, done, err = upstreamConfig(ctx, base, f)
+	case kindLibrary:
+		cfg, done, err = libraryConfig(ctx, f)
 	default:
-		err = fmt.Errorf("--kind: want %s or %s, got %q", kindStatic, kindUpstream, f.kind)
+		err = fmt.Errorf("--kind: want %s, %s or %s, got %q", kindStatic, kindUpstream, kindLibrary, f.kind)
 	}
 	if err != nil {
 		return err
@@ -207,4 +217,23 @@ func upstreamConfig(ctx context.Context, base *tls.Config, f serveFlags) (*tls.C
 	cfg := base.Clone()
 	cfg.GetConfigForClient = ctrl.GetConfigForClient
 	return cfg, func() { cancel(); wg.Wait() }, nil
+}
+
+// libraryConfig builds evercert's server package from the same flags as
+// the example server takes them, and runs its loops. The returned func
+// stops them.
+func libraryConfig(ctx context.Context, f serveFlags) (*tls.Config, func(), error) {
+	o := server.NewOptions()
+	o.CertFile, o.KeyFile, o.SNICertKeys, o.ClientCAFile = f.certFile, f.keyFile, f.sni, f.clientCA
+	s, err := o.Build()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.RunOnce(ctx); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Run(ctx, 1) })
+	return s.Controller.TLSConfig(), func() { cancel(); wg.Wait() }, nil
 }

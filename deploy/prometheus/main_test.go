@@ -1,0 +1,11 @@
+package prometheus
+
+import (
+	"os"
+	"testing"
+
+	"github.com/evercert/evercert/internal/proctest"
+)
+
+// TestMain removes the binaries the tests build (proctest.Build).
+func TestMain(m *testing.M) { os.Exit(proctest.Main(m)) }
