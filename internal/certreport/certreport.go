@@ -72,6 +72,10 @@ type Reporter struct {
 
 	mu     sync.Mutex
 	loaded bool // a certificate was reported: the next one is a rotation
+	// lastErr is what LastError returns. It is set once a failure has been
+	// counted, not when failures records it, so that whoever sees the error
+	// also sees it in evercert_certificate_load_errors_total.
+	lastErr error
 }
 
 // New returns a Reporter for provider. Events are sent when both recorder
@@ -143,9 +147,11 @@ func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
 	// to log and to send.
 	if !r.failures.Error(klog.Background(), err, "Rejected new content; the last good content, if any, is still served",
 		append([]any{"provider", r.provider}, keysAndValues...)...) {
+		r.setLastError(err)
 		return false
 	}
 	certmetrics.LoadError(r.provider)
+	r.setLastError(err)
 	r.Event(corev1.EventTypeWarning, ReasonCertificateLoadFailed, ActionLoad,
 		fmt.Sprintf("provider %s: %v; the last good content, if any, is still served", r.provider, err))
 	return true
@@ -153,10 +159,24 @@ func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
 
 // Succeeded records a successful load and reports whether it ended a
 // failure; a failure after it is distinct again.
-func (r *Reporter) Succeeded() (recovered bool) { return r.failures.Reset() }
+func (r *Reporter) Succeeded() (recovered bool) {
+	r.setLastError(nil)
+	return r.failures.Reset()
+}
 
 // LastError returns the newest failure, or nil if the last load succeeded.
-func (r *Reporter) LastError() error { return r.failures.Err() }
+// A failure is returned only once it is counted in the metrics.
+func (r *Reporter) LastError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+func (r *Reporter) setLastError(err error) {
+	r.mu.Lock()
+	r.lastErr = err
+	r.mu.Unlock()
+}
 
 // Event sends an Event about the configured object, if there is a recorder
 // and an object. note is sent as is (not as a format), cut to the length the

@@ -57,6 +57,51 @@ func TestFailedCountsDistinctFailures(t *testing.T) {
 	}
 }
 
+// TestLastErrorIsCountedFirst: whoever sees a failure in LastError (a
+// health check, a test polling for it) finds it counted in the load-error
+// metric already. Failures are reported by one goroutine while another
+// polls; before, LastError showed a failure while it was being logged,
+// before it was counted, and a reader saw the count lag behind.
+func TestLastErrorIsCountedFirst(t *testing.T) {
+	klogtest.Capture(t)
+	r := certreport.New(t.Name(), nil, nil)
+	before := certmetricstest.LoadErrors(t, t.Name())
+	const failures = 300
+	done := make(chan struct{})
+	lagged := make(chan string, 1)
+	go func() {
+		defer close(lagged)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			err := r.LastError()
+			if err == nil {
+				continue
+			}
+			var n int
+			if _, scanErr := fmt.Sscanf(err.Error(), "failure %d", &n); scanErr != nil {
+				lagged <- fmt.Sprintf("unexpected error %v", err)
+				return
+			}
+			if counted := certmetricstest.LoadErrors(t, t.Name()) - before; counted < float64(n) {
+				lagged <- fmt.Sprintf("LastError showed failure %d while %v were counted", n, counted)
+				return
+			}
+		}
+	}()
+	for i := 1; i <= failures; i++ {
+		require.True(t, r.Failed(fmt.Errorf("failure %d", i)))
+	}
+	close(done)
+	if msg, ok := <-lagged; ok {
+		t.Fatal(msg)
+	}
+	assert.Equal(t, float64(failures), certmetricstest.LoadErrors(t, t.Name())-before)
+}
+
 // TestWithContentKeepsTheError: the marked error reads and unwraps as the
 // original.
 func TestWithContentKeepsTheError(t *testing.T) {
