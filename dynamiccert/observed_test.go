@@ -276,8 +276,10 @@ func TestAuthorityRestoresLostSecret(t *testing.T) {
 	})
 	require.NoError(t, err)
 	secrets := client.CoreV1().Secrets("ns")
+	watches := secretWatches(client)
 	runInBackground(t, a.Run)
 	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
+	waitFor(t, "the Secret watch", func() bool { return watches.Load() > 0 })
 	orig, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
 	require.NoError(t, err)
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -60,6 +61,28 @@ func quietWatch(client *fake.Clientset) {
 	client.PrependWatchReactor("secrets", func(clienttesting.Action) (bool, watch.Interface, error) {
 		return true, watch.NewFake(), nil
 	})
+}
+
+// secretWatches counts the Secret watches made on client, for a test that
+// must not change the Secret before the watch is there: the fake
+// clientset's watch starts when it is made, and a change before that is
+// never delivered (a real API server's watch resumes from the list's
+// resourceVersion).
+func secretWatches(client *fake.Clientset) *atomic.Int32 {
+	var n atomic.Int32
+	client.PrependWatchReactor("secrets", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return true, nil, err
+		}
+		n.Add(1)
+		return true, w, nil
+	})
+	return &n
 }
 
 func forbidden() error {
