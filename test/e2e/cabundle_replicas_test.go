@@ -177,13 +177,15 @@ func TestE2ECABundleReplicaRotation(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { return holds(name, b) }, 30*time.Second, 50*time.Millisecond, "the object holds [B]")
+	converged := time.Since(began)
 	// The replicas ahead's writes are seen by the others' informers, and
 	// health would fail for contestQuiet (30 s) had any contest started;
 	// a few more seconds of watching cover late events.
 	time.Sleep(3 * time.Second)
 	stopWatching()
 	<-watched
-	t.Logf("rotation of %d steps over %d replicas (%v apart) converged on [B] in %v", 2, replicas, stagger, time.Since(began).Round(time.Millisecond))
+	t.Logf("rotation of 2 steps over %d replicas (%v apart, %v of pacing) converged on [B] %v after the first step",
+		replicas, stagger, 2*replicas*stagger, converged.Round(time.Millisecond))
 	mu.Lock()
 	assert.Empty(t, problems, "replica contested or unhealthy during the rotation")
 	mu.Unlock()
