@@ -2,6 +2,7 @@ package cabundle
 
 import (
 	"bytes"
+	"crypto/x509"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // This file holds contested tracking: noticing that another writer keeps
@@ -65,6 +67,10 @@ type contestState struct {
 	lastDelay time.Duration // the delay that set nextWrite
 	calmSince time.Time     // the last change away or write, whichever is later
 	mustHold  time.Duration // how long after calmSince the bundle must hold to clear
+	// replicaAheadSince is when the object was first seen holding a later
+	// step of our CA rotation written by another replica; zero when it
+	// does not (see waitForReplica).
+	replicaAheadSince time.Time
 }
 
 // contests tracks, by object key, the objects whose caBundle another writer
@@ -76,8 +82,42 @@ type contests struct {
 	objects map[string]*contestState
 }
 
+// replicaGrace is how long a publisher leaves alone a caBundle that another
+// replica of it (its own field manager) wrote from a source a step ahead in
+// the same CA rotation, for its own source to catch up, before it writes
+// its own bundle over it. Replicas that read one CA Secret through a watch
+// see a rotation step within moments of each other; a source stuck behind
+// for longer then writes, and the replicas ahead treat that as any other
+// writer (contested tracking).
+const replicaGrace = 10 * time.Second
+
 func newContests(c clock.PassiveClock) *contests {
 	return &contests{clock: c, objects: make(map[string]*contestState)}
+}
+
+// waitForReplica records that key holds a later step of our CA rotation
+// written by another replica, and returns how much of replicaGrace, counted
+// from when this was first seen, is left; 0 once it is over.
+func (c *contests) waitForReplica(key string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	s := c.state(key)
+	if s.replicaAheadSince.IsZero() {
+		s.replicaAheadSince = now
+	}
+	return max(0, replicaGrace-now.Sub(s.replicaAheadSince))
+}
+
+// replicaCaughtUp records that key no longer holds a later step of our CA
+// rotation from another replica: the next time it does, the grace starts
+// anew.
+func (c *contests) replicaCaughtUp(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.objects[key]; ok {
+		s.replicaAheadSince = time.Time{}
+	}
 }
 
 // view returns the snapshot of s at now; s must be locked.
@@ -252,10 +292,29 @@ func (p *Publisher) detectRevert(t *targetState, old, cur objectView) {
 		}
 	}
 	bundle := p.source.CurrentCABundleContent()
-	if len(bundle) == 0 || !changedAway(p.selectedSlots(t.Kind, old), p.selectedSlots(t.Kind, cur), bundle) {
+	if len(bundle) == 0 {
+		return
+	}
+	to := changesAway(p.selectedSlots(t.Kind, old), p.selectedSlots(t.Kind, cur), bundle)
+	if len(to) == 0 {
+		return
+	}
+	if p.byReplicaAhead(cur, to, bundle) {
+		// Replicas see a rotation step at slightly different times; this
+		// is one ahead of us, not another writer (publish waits for our
+		// source to catch up). Counting it made one rotation step with
+		// three replicas contested, health failing, for 30 s.
+		p.logger.V(2).Info("caBundle changed by another replica whose source is ahead in the same CA rotation; not another writer",
+			"kind", t.Kind, "name", cur.name)
 		return
 	}
 	manager := otherWriter(cur, p.fieldManager)
+	if lastWriterIsOurs(cur, p.fieldManager) {
+		// Our own field manager, with a bundle that is no later step of
+		// our rotation: a replica whose source is stuck, or a second
+		// installation sharing the field manager.
+		manager = p.fieldManager + " (another replica or publisher with the same field manager)"
+	}
 	started, g := p.contests.revert(objectKey(t.Kind, cur.name), manager)
 	p.logger.V(2).Info("caBundle changed away from the published bundle by another writer",
 		"kind", t.Kind, "name", cur.name, "otherWriter", orUnknown(manager), "changesInWindow", g.reverts)
@@ -264,9 +323,10 @@ func (p *Publisher) detectRevert(t *targetState, old, cur objectView) {
 	}
 }
 
-// changedAway reports whether a slot that held bundle in old holds
-// something else in cur. Slots are matched by webhook name (or path).
-func changedAway(old, cur []slot, bundle []byte) bool {
+// changesAway returns what the slots that held bundle in old and hold
+// something else in cur hold now, in cur's order; nil when there are none.
+// Slots are matched by webhook name (or path).
+func changesAway(old, cur []slot, bundle []byte) [][]byte {
 	key := func(s slot) string {
 		if s.webhook != "" {
 			return s.webhook
@@ -279,12 +339,101 @@ func changedAway(old, cur []slot, bundle []byte) bool {
 			held[key(s)] = true
 		}
 	}
+	var out [][]byte
 	for _, s := range cur {
 		if held[key(s)] && !bytes.Equal(s.current, bundle) {
-			return true
+			out = append(out, s.current)
 		}
 	}
-	return false
+	return out
+}
+
+// byReplicaAhead reports whether values, what v's fields hold instead of
+// bundle, were written by another replica of this publisher whose source is
+// a step ahead of ours in the same CA rotation: our field manager wrote a
+// caBundle of v last, and every value is a later step of bundle's rotation.
+// A different field manager is never excused, whatever it writes.
+func (p *Publisher) byReplicaAhead(v objectView, values [][]byte, bundle []byte) bool {
+	return lastWriterIsOurs(v, p.fieldManager) && aheadInRotation(values, bundle)
+}
+
+// lastWriterIsOurs reports whether ours is the field manager that wrote a
+// caBundle field of v last: it owns one, and every other owner's entry is
+// older. managedFields times have a resolution of one second; a tie is not
+// ours, so that another writer is never taken for a replica.
+func lastWriterIsOurs(v objectView, ours string) bool {
+	var oursAt, othersAt time.Time
+	owned, others := false, false
+	for _, o := range v.owners {
+		if o.manager == ours {
+			owned = true
+			if o.time.After(oursAt) {
+				oursAt = o.time
+			}
+		} else {
+			others = true
+			if o.time.After(othersAt) {
+				othersAt = o.time
+			}
+		}
+	}
+	return owned && (!others || oursAt.After(othersAt))
+}
+
+// aheadInRotation reports whether every one of values is a later step than
+// bundle of the same CA rotation ([A] -> [A B] -> [B]). A later step shares
+// a CA certificate with bundle (the bundles of unrelated CAs share none)
+// and either holds a CA newer (by NotBefore) than all of bundle's, or is
+// bundle with older CAs dropped. An empty, unparsable or unrelated value is
+// no later step; neither is none at all.
+func aheadInRotation(values [][]byte, bundle []byte) bool {
+	ours, err := pki.ParseCABundle(bundle)
+	if err != nil || len(values) == 0 {
+		return false
+	}
+	oursSet := make(map[string]bool, len(ours))
+	for _, c := range ours {
+		oursSet[string(c.Raw)] = true
+	}
+	oursNewest := newestNotBefore(ours)
+	for _, v := range values {
+		certs, err := pki.ParseCABundle(v)
+		if err != nil {
+			return false
+		}
+		theirs := make(map[string]bool, len(certs))
+		shared := 0
+		for _, c := range certs {
+			if !theirs[string(c.Raw)] {
+				theirs[string(c.Raw)] = true
+				if oursSet[string(c.Raw)] {
+					shared++
+				}
+			}
+		}
+		switch newest := newestNotBefore(certs); {
+		case shared == 0:
+			return false // unrelated CAs
+		case newest.After(oursNewest):
+			// A successor CA joined (or took over).
+		case shared == len(theirs) && len(theirs) < len(oursSet) && newest.Equal(oursNewest):
+			// Ours with older CAs dropped.
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// newestNotBefore returns the latest NotBefore of certs.
+func newestNotBefore(certs []*x509.Certificate) time.Time {
+	var t time.Time
+	for _, c := range certs {
+		if c.NotBefore.After(t) {
+			t = c.NotBefore
+		}
+	}
+	return t
 }
 
 // otherWriter names the manager that last wrote a caBundle field of v,

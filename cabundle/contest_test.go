@@ -289,7 +289,7 @@ func TestChangedAway(t *testing.T) {
 		{"webhook removed", []slot{s("a", "B"), s("b", "B")}, []slot{s("b", "B")}, false},
 		{"reordered", []slot{s("a", "B"), s("b", "X")}, []slot{s("b", "X"), s("a", "B")}, false},
 	} {
-		if got := changedAway(tc.old, tc.cur, b); got != tc.want {
+		if got := len(changesAway(tc.old, tc.cur, b)) > 0; got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

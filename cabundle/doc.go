@@ -95,6 +95,20 @@
 // writer: drop caBundle from the chart, the cainjector annotation, or the
 // second publisher.
 //
+// Replicas of one publisher (the same [PublisherConfig.FieldManager]) whose
+// sources see a CA rotation step ([A] -> [A B] -> [B]) at slightly
+// different times are not other writers of each other. A change to a
+// bundle that is a later step of the publisher's own rotation (it shares a
+// CA with the published bundle, and adds a newer CA or drops an older one),
+// made when the publisher's own field manager is the last writer of the
+// object's caBundle in managedFields, is not counted; and the publisher
+// leaves such a bundle alone for up to 10 seconds (on [PublisherConfig.Clock])
+// for its own source to catch up, rather than write its older one back.
+// After that it writes: a replica whose source is stuck behind is then
+// treated like any other writer by the replicas ahead, and named as the
+// publisher's own field manager. Another field manager is never excused,
+// nor is a bundle of unrelated CAs.
+//
 // # Server-side apply and force
 //
 // With [PublisherConfig.UseServerSideApply] the publisher never takes a caBundle over

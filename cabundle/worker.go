@@ -126,7 +126,7 @@ func (p *Publisher) syncTarget(ctx context.Context, t *targetState) (after time.
 			published = true
 		}
 		if t.Name == "" && !ok && later > 0 {
-			published = false // a write held back by contested tracking
+			published = false // a write held back by contested tracking or for a replica ahead
 		}
 	}
 	if len(errs) > 0 {
@@ -165,13 +165,14 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
 		return true, 0, nil
 	}
-	stale := 0
+	var stale [][]byte // what the selected fields that differ hold
 	for _, s := range selected {
 		if string(s.current) != string(bundle) {
-			stale++
+			stale = append(stale, s.current)
 		}
 	}
-	if stale == 0 {
+	if len(stale) == 0 {
+		p.contests.replicaCaughtUp(key)
 		certmetrics.CABundlePublished(string(kind), resultUnchanged)
 		p.recovered(key)
 		p.verified.markPublished(key)
@@ -180,6 +181,16 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		return true, p.settle(t, v), nil
 	}
 
+	if !p.byReplicaAhead(v, stale, bundle) {
+		p.contests.replicaCaughtUp(key)
+	} else if wait := p.contests.waitForReplica(key); wait > 0 {
+		// Writing ours would only undo the replica ahead until our source
+		// catches up (its change queues the target again). Past the
+		// grace, ours is written: a source stuck behind then goes through
+		// contested tracking at the replicas ahead.
+		logger.V(2).Info("caBundle holds a later step of this CA rotation from another replica, waiting for our source to catch up", "nextWriteIn", wait)
+		return false, wait, nil
+	}
 	g := p.contests.gate(key)
 	if g.contested && g.wait > 0 {
 		// Another writer keeps changing the field: hold the write back
@@ -217,7 +228,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		p.verified.markPublished(key)
 		certmetrics.CABundlePublished(string(kind), resultSuccess)
 		p.recovered(key)
-		logger.Info("Published caBundle", "fields", stale, "serverSideApply", p.ssa, "forced", force)
+		logger.Info("Published caBundle", "fields", len(stale), "serverSideApply", p.ssa, "forced", force)
 		if g.contested {
 			// The write stands once it has held for the time returned.
 			return true, p.contests.wrote(key), nil
