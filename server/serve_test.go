@@ -149,13 +149,20 @@ func TestServeRotationRewritesBundle(t *testing.T) {
 	bundles := map[string]bool{}
 	for step := range 40 {
 		clk.Step(10 * time.Minute)
-		require.NoError(t, r.serving.Serving.(interface{ RunOnce(context.Context) error }).RunOnce(context.Background()))
-		// Wait for the controller to serve what the provider holds now.
-		want, _ := r.serving.Serving.CurrentCertKeyContent()
+		// The provider's own loop renews on its timer; wait until it has
+		// (its leaf is no longer due: more than the default renew-before, a
+		// third of the validity, left) and the controller serves what it
+		// holds now. Both are re-read at every poll: a successor CA signs a
+		// new leaf as soon as the bundle file has it.
 		require.Eventually(t, func() bool {
+			want, _ := r.serving.Serving.CurrentCertKeyContent()
+			leaf := pemCert(t, want)
+			if leaf.NotAfter.Sub(clk.Now()) <= o.SelfSignedValidity/3 {
+				return false
+			}
 			for _, sc := range r.serving.Controller.Served() {
 				if sc.IsDefault {
-					return sc.Serial == pemSerial(t, want)
+					return sc.Serial == leaf.SerialNumber.Text(16)
 				}
 			}
 			return false
@@ -175,11 +182,11 @@ func TestServeRotationRewritesBundle(t *testing.T) {
 	assert.Greater(t, certmetricstest.Rotations(t, "self-signed")-before, 5.0)
 }
 
-func pemSerial(t *testing.T, certPEM []byte) string {
+func pemCert(t *testing.T, certPEM []byte) *x509.Certificate {
 	t.Helper()
 	certs, err := pki.ParseCABundle(certPEM)
 	require.NoError(t, err)
-	return certs[0].SerialNumber.Text(16)
+	return certs[0]
 }
 
 func TestServeFilesSNIAndClientCA(t *testing.T) {
