@@ -16,6 +16,7 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	clienttesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
 )
@@ -219,6 +220,7 @@ func mustParseBundle(t *testing.T, bundle []byte) []*x509.Certificate {
 // against upstream's certutil.GenerateSelfSignedCertKey (two RSA-2048 keys),
 // which k8s.io/apiserver uses for its loopback and self-signed certificates.
 func BenchmarkSelfSignedGenerate(b *testing.B) {
+	klogtest.Discard(b)
 	for _, kt := range []KeyType{ECDSAP256, RSA2048} {
 		b.Run("evercert/"+string(kt), func(b *testing.B) {
 			b.ReportAllocs()

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -21,6 +22,7 @@ import (
 // (two RSA-2048 keys). Both apply the same SecureServingOptions first, with
 // a pre-set serving certificate and listener.
 func BenchmarkLoopbackSetup(b *testing.B) {
+	klogtest.Discard(b)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -66,6 +68,7 @@ func BenchmarkLoopbackSetup(b *testing.B) {
 // through a loopback clientset against an in-process genericapiserver:
 // evercert's rotating-trust config against upstream's static one.
 func BenchmarkLoopbackRequests(b *testing.B) {
+	klogtest.Discard(b)
 	for _, tc := range []struct {
 		name     string
 		upstream bool

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
 )
@@ -123,6 +124,7 @@ func staticSNI(b *testing.B, iss *pki.Issued, name string) dynamiccertificates.S
 // BenchmarkGetConfigForClient measures the per-handshake config hook alone,
 // with one serving and three SNI certificates, and SNI set.
 func BenchmarkGetConfigForClient(b *testing.B) {
+	klogtest.Discard(b)
 	f := benchCerts(b)
 	base := &tls.Config{MinVersion: tls.VersionTLS12}
 	servingIss := f.serving[pki.ECDSAP256]
@@ -193,6 +195,7 @@ func servingIssPair(b *testing.B, iss *pki.Issued) tls.Certificate {
 // a static config serving the same certificate. The client disables session
 // tickets, so every handshake is a full one.
 func BenchmarkHandshake(b *testing.B) {
+	klogtest.Discard(b)
 	f := benchCerts(b)
 	for _, kt := range []pki.KeyType{pki.ECDSAP256, pki.RSA2048} {
 		iss := f.serving[kt]
@@ -339,6 +342,7 @@ func scaleFor(b *testing.B, n int) *scaleController {
 //     each provider's metric series; the PEM the providers hold is not
 //     counted).
 func BenchmarkSNIScale(b *testing.B) {
+	klogtest.Discard(b)
 	for _, n := range []int{1, 100, 10000, maxSNI} {
 		b.Run(fmt.Sprintf("select/n=%d", n), func(b *testing.B) {
 			sc := scaleFor(b, n)

@@ -3,6 +3,8 @@ package sni
 import (
 	"crypto/tls"
 	"testing"
+
+	"github.com/evercert/evercert/internal/klogtest"
 )
 
 // BenchmarkDualCertificate measures serving an ECDSA and an RSA certificate
@@ -20,6 +22,7 @@ import (
 //
 // It measures, it does not assert.
 func BenchmarkDualCertificate(b *testing.B) {
+	klogtest.Discard(b)
 	f := newDualAllocFixture(b)
 	defaultClient := func(serverName string) *tls.Config {
 		cfg := clientConfig(f.clk, serverName)

@@ -3,9 +3,7 @@ package sni_test
 import (
 	"context"
 	"crypto/tls"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,10 +12,10 @@ import (
 	"time"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
-	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/sni"
@@ -54,7 +52,7 @@ const (
 // of them the server is no longer polled, and every later rotation counts
 // as missed).
 func BenchmarkRotationPropagation(b *testing.B) {
-	quietKlog(b)
+	klogtest.Discard(b)
 	for _, pat := range filePatterns {
 		b.Run("file-"+pat.name, func(b *testing.B) { benchFilePropagation(b, pat) })
 	}
@@ -177,19 +175,6 @@ func measure(servers []*propagationServer, start time.Time, want string) {
 		})
 	}
 	wg.Wait()
-}
-
-// quietKlog drops all klog output, errors included, for the rest of the
-// process: upstream logs every rejected half-written pair at error level.
-func quietKlog(b *testing.B) {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
-		if err := fs.Set(name, v); err != nil {
-			b.Fatal(err)
-		}
-	}
-	klog.SetOutput(io.Discard)
 }
 
 func percentile(d []time.Duration, q float64) float64 {

@@ -61,3 +61,13 @@ func (l *Logs) Lines(parts ...string) []string {
 
 // Count returns how many logged lines contain every one of parts.
 func (l *Logs) Count(parts ...string) int { return len(l.Lines(parts...)) }
+
+// Discard drops everything klog logs until the test ends, for a benchmark
+// whose output must hold benchmark lines only: go test interleaves the
+// test binary's stderr with its stdout, and a log line written while a
+// result line is being printed breaks benchstat's parsing of it.
+func Discard(tb testing.TB) {
+	tb.Helper()
+	klog.SetSlogLogger(slog.New(slog.DiscardHandler))
+	tb.Cleanup(klog.ClearLogger)
+}
