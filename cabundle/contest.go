@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -351,10 +352,28 @@ func changesAway(old, cur []slot, bundle []byte) [][]byte {
 // byReplicaAhead reports whether values, what v's fields hold instead of
 // bundle, were written by another replica of this publisher whose source is
 // a step ahead of ours in the same CA rotation: our field manager wrote a
-// caBundle of v last, and every value is a later step of bundle's rotation.
-// A different field manager is never excused, whatever it writes.
+// caBundle of v last, every value is a later step of bundle's rotation, and
+// no value fails to verify a chain served now that bundle verifies. A
+// different field manager is never excused, whatever it writes; neither is
+// a value that would leave a server's clients failing their handshakes
+// for the grace.
 func (p *Publisher) byReplicaAhead(v objectView, values [][]byte, bundle []byte) bool {
-	return lastWriterIsOurs(v, p.fieldManager) && aheadInRotation(values, bundle)
+	return lastWriterIsOurs(v, p.fieldManager) && aheadInRotation(values, bundle) && !p.breaksServed(values, bundle)
+}
+
+// breaksServed reports whether one of values fails to verify a chain that a
+// server serves now (PublisherConfig.Verify) which bundle verifies: a
+// replica whose source dropped the CA that this server's leaf still chains
+// to. False without Verify.
+func (p *Publisher) breaksServed(values [][]byte, bundle []byte) bool {
+	now := p.clock.Now()
+	for _, c := range p.servedChains() {
+		one := []dynamiccert.ServedChain{c}
+		if verifyFields([][]byte{bundle}, one, now) == nil && verifyFields(values, one, now) != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // lastWriterIsOurs reports whether ours is the field manager that wrote a
@@ -381,59 +400,77 @@ func lastWriterIsOurs(v objectView, ours string) bool {
 }
 
 // aheadInRotation reports whether every one of values is a later step than
-// bundle of the same CA rotation ([A] -> [A B] -> [B]). A later step shares
-// a CA certificate with bundle (the bundles of unrelated CAs share none)
-// and either holds a CA newer (by NotBefore) than all of bundle's, or is
-// bundle with older CAs dropped. An empty, unparsable or unrelated value is
-// no later step; neither is none at all.
+// bundle of the same CA rotation ([A] -> [A B] -> [B]), in which a CA joins
+// newer than every CA before it and leaves older than every CA that stays.
+// A later step shares a CA certificate with bundle (the bundles of
+// unrelated CAs share none), differs from it in the set of CAs, every CA it
+// adds is newer (by NotBefore) than all of bundle's, and every CA of bundle
+// it drops is older than every one it keeps. So a bundle that swapped a CA
+// for another ([A B] -> [A C]), or dropped a newer CA and kept an older one
+// (a rollback), is no later step. An empty, unparsable or unrelated value
+// is no later step; neither is none at all.
 func aheadInRotation(values [][]byte, bundle []byte) bool {
 	ours, err := pki.ParseCABundle(bundle)
 	if err != nil || len(values) == 0 {
 		return false
 	}
-	oursSet := make(map[string]bool, len(ours))
+	oursSet := make(map[string]*x509.Certificate, len(ours))
 	for _, c := range ours {
-		oursSet[string(c.Raw)] = true
+		oursSet[string(c.Raw)] = c
 	}
-	oursNewest := newestNotBefore(ours)
+	_, oursNewest := notBeforeRange(ours)
 	for _, v := range values {
 		certs, err := pki.ParseCABundle(v)
 		if err != nil {
 			return false
 		}
 		theirs := make(map[string]bool, len(certs))
-		shared := 0
+		var kept, added, dropped []*x509.Certificate
 		for _, c := range certs {
-			if !theirs[string(c.Raw)] {
-				theirs[string(c.Raw)] = true
-				if oursSet[string(c.Raw)] {
-					shared++
-				}
+			if theirs[string(c.Raw)] {
+				continue
+			}
+			theirs[string(c.Raw)] = true
+			if oursSet[string(c.Raw)] != nil {
+				kept = append(kept, c)
+			} else {
+				added = append(added, c)
 			}
 		}
-		switch newest := newestNotBefore(certs); {
-		case shared == 0:
+		for raw, c := range oursSet {
+			if !theirs[raw] {
+				dropped = append(dropped, c)
+			}
+		}
+		oldestAdded, _ := notBeforeRange(added)
+		_, newestDropped := notBeforeRange(dropped)
+		oldestKept, _ := notBeforeRange(kept)
+		switch {
+		case len(kept) == 0:
 			return false // unrelated CAs
-		case newest.After(oursNewest):
-			// A successor CA joined (or took over).
-		case shared == len(theirs) && len(theirs) < len(oursSet) && newest.Equal(oursNewest):
-			// Ours with older CAs dropped.
-		default:
-			return false
+		case len(added) == 0 && len(dropped) == 0:
+			return false // the same CAs
+		case len(added) > 0 && !oldestAdded.After(oursNewest):
+			return false // a CA joined that is no successor of ours
+		case len(dropped) > 0 && !newestDropped.Before(oldestKept):
+			return false // a CA left that is not older than those that stay
 		}
 	}
 	return true
 }
 
-// newestNotBefore returns the latest NotBefore of certs.
-func newestNotBefore(certs []*x509.Certificate) time.Time {
-	var t time.Time
-	for _, c := range certs {
-		if c.NotBefore.After(t) {
-			t = c.NotBefore
+// notBeforeRange returns the earliest and the latest NotBefore of certs;
+// zero times when there are none.
+func notBeforeRange(certs []*x509.Certificate) (oldest, newest time.Time) {
+	for i, c := range certs {
+		if i == 0 || c.NotBefore.Before(oldest) {
+			oldest = c.NotBefore
+		}
+		if c.NotBefore.After(newest) {
+			newest = c.NotBefore
 		}
 	}
-	return t
+	return oldest, newest
 }
 
 // otherWriter names the manager that last wrote a caBundle field of v,

@@ -99,9 +99,12 @@
 // sources see a CA rotation step ([A] -> [A B] -> [B]) at slightly
 // different times are not other writers of each other. A change to a
 // bundle that is a later step of the publisher's own rotation (it shares a
-// CA with the published bundle, and adds a newer CA or drops an older one),
-// made when the publisher's own field manager is the last writer of the
-// object's caBundle in managedFields, is not counted; and the publisher
+// CA with the published bundle, adds only CAs newer than all of it and
+// drops only CAs older than all it keeps), made when the publisher's own
+// field manager is the last writer of the object's caBundle in
+// managedFields, is not counted, unless it fails to verify a chain served
+// now that the publisher's bundle verifies ([PublisherConfig.Verify]: a
+// server's leaf still chains to the CA it dropped); and the publisher
 // leaves such a bundle alone for up to 10 seconds (on [PublisherConfig.Clock])
 // for its own source to catch up, rather than write its older one back.
 // After that it writes: a replica whose source is stuck behind is then

@@ -90,10 +90,18 @@ type fieldOwner struct {
 }
 
 // ownsCABundle reports whether the managedFields entry e owns a caBundle
-// field. An entry without fieldsV1 counts: the informer transforms keep
-// exactly those entries, and drop their (possibly large) fieldsV1.
+// field: caBundle, or a ClusterTrustBundle's spec.trustBundle (no other
+// kind has a field of that name). Without trustBundle a ClusterTrustBundle
+// had no owner at all: no other writer was named, and no change by another
+// replica of the publisher was recognized as one. An entry without
+// fieldsV1 counts: the informer transforms keep exactly those entries, and
+// drop their (possibly large) fieldsV1.
 func ownsCABundle(e metav1.ManagedFieldsEntry) bool {
-	return e.FieldsV1 == nil || bytes.Contains(e.FieldsV1.GetRawBytes(), []byte(`"f:caBundle"`))
+	if e.FieldsV1 == nil {
+		return true
+	}
+	raw := e.FieldsV1.GetRawBytes()
+	return bytes.Contains(raw, []byte(`"f:caBundle"`)) || bytes.Contains(raw, []byte(`"f:trustBundle"`))
 }
 
 // caBundleOwners returns the managers among mf that own a caBundle field.

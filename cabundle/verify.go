@@ -78,10 +78,7 @@ func (p *Publisher) verify(t *targetState, v objectView) {
 	if len(p.verifiers) == 0 || !p.verified.wasPublished(objectKey(t.Kind, v.name)) {
 		return
 	}
-	var chains []dynamiccert.ServedChain
-	for _, l := range p.verifiers {
-		chains = append(chains, l.ServedChains()...)
-	}
+	chains := p.servedChains()
 	if len(chains) == 0 {
 		return
 	}
@@ -130,6 +127,16 @@ func (p *Publisher) verify(t *targetState, v objectView) {
 		p.event(t.adapter, v, corev1.EventTypeNormal, reasonVerified,
 			"published CA bundle verifies every served certificate again, after %v", p.clock.Since(prev.since).Round(time.Second))
 	}
+}
+
+// servedChains returns the chains every lister of PublisherConfig.Verify
+// serves now; none without Verify.
+func (p *Publisher) servedChains() []dynamiccert.ServedChain {
+	var chains []dynamiccert.ServedChain
+	for _, l := range p.verifiers {
+		chains = append(chains, l.ServedChains()...)
+	}
+	return chains
 }
 
 // forgetVerification drops the state of a deleted object.
