@@ -101,7 +101,7 @@ func publishCounts(t testing.TB, kind Kind) map[string]float64 {
 // countsDelta returns after-before for every result.
 func countsDelta(before, after map[string]float64) map[string]float64 {
 	d := map[string]float64{}
-	for _, r := range []string{resultSuccess, resultUnchanged, resultConflict, resultError, resultContested} {
+	for _, r := range []string{resultSuccess, resultUnchanged, resultConflict, resultError, resultContested, resultReplicaAhead} {
 		if v := after[r] - before[r]; v != 0 {
 			d[r] = v
 		}

@@ -212,8 +212,12 @@ func testReplicasRotatingTogether(t *testing.T, target Target) {
 	if ev := r.rec.find(reasonContested); len(ev) > 0 {
 		t.Errorf("contested Events %+v, want none", ev)
 	}
-	if d := countsDelta(before, publishCounts(t, target.Kind)); d[resultContested] > 0 {
+	d := countsDelta(before, publishCounts(t, target.Kind))
+	if d[resultContested] > 0 {
 		t.Errorf("metrics delta %v, want no result=contested", d)
+	}
+	if d[resultReplicaAhead] < 1 {
+		t.Errorf("metrics delta %v, want the writes held back for the replica ahead counted as result=replica_ahead", d)
 	}
 }
 

@@ -25,6 +25,9 @@ const (
 	resultConflict  = "conflict"
 	resultError     = "error"
 	resultContested = "contested"
+	// resultReplicaAhead: the write was held back because another replica
+	// of this publisher, a step ahead in the same CA rotation, wrote last.
+	resultReplicaAhead = "replica_ahead"
 )
 
 // sourceKey is the key, in Publisher.logs, of the wait for the source to
@@ -189,6 +192,7 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		// grace, ours is written: a source stuck behind then goes through
 		// contested tracking at the replicas ahead.
 		logger.V(2).Info("caBundle holds a later step of this CA rotation from another replica, waiting for our source to catch up", "nextWriteIn", wait)
+		certmetrics.CABundlePublished(string(kind), resultReplicaAhead)
 		return false, wait, nil
 	}
 	g := p.contests.gate(key)
