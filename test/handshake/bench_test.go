@@ -10,23 +10,27 @@ import (
 	"github.com/evercert/evercert/internal/tlstest"
 )
 
-// Benchmarks here measure, they do not assert. Each runs four servers
-// (startTargets): the example server, and the same net/http server on
+// Benchmarks here measure, they do not assert. Each runs five servers
+// (startTargets): the example server; the same net/http server on
 // evercert's server package, on upstream's controller and on a static
-// config; in every iteration it makes one connection to each of them in a
-// random order, so that load from elsewhere on the machine falls on all
-// four alike. ns/op is the four connections together.
+// config; and the example server's own code run from a copy of the binary
+// the last three run from (example-app), which tells its code from its
+// separately built binary. In every iteration it makes one connection to
+// each of them in a random order, so that load from elsewhere on the
+// machine falls on all five alike. ns/op is the five connections together.
 //
-// Metrics, per server NAME (evercert, library, upstream, static):
+// Metrics, per server NAME (evercert, library, upstream, static,
+// example-app):
 //   - NAME-hs/s: connections per second, each a new TCP connection, a
 //     full TLS 1.3 handshake and the close (tlstest.Exchange), from the
 //     client's clock;
 //   - NAME-server-us/hs: the server process's CPU time per connection,
 //     from /proc, over the whole loop (background work included, such as
 //     the example server's once-a-second loopback self-check);
-//   - evercert/static, evercert/upstream, library/static and
-//     library/upstream: the ratios of hs/s. library/upstream compares the
-//     two controllers alone: same binary, same http.Server, same files.
+//   - evercert/static, evercert/upstream, library/static,
+//     library/upstream, example-app/static and example-app/upstream: the
+//     ratios of hs/s. library/upstream compares the two controllers alone:
+//     same binary, same http.Server, same files.
 
 // warmup connections per server before measuring: the first ones pay for
 // lazy set-up (session ticket keys, HTTP/2 server, heap growth).
@@ -209,4 +213,6 @@ func reportRates(b *testing.B, targets []*target) {
 	b.ReportMetric(rate["evercert"]/rate[kindUpstream], "evercert/upstream")
 	b.ReportMetric(rate[kindLibrary]/rate[kindStatic], "library/static")
 	b.ReportMetric(rate[kindLibrary]/rate[kindUpstream], "library/upstream")
+	b.ReportMetric(rate[kindExampleApp]/rate[kindStatic], "example-app/static")
+	b.ReportMetric(rate[kindExampleApp]/rate[kindUpstream], "example-app/upstream")
 }

@@ -158,8 +158,12 @@ func startTargets(tb testing.TB, args ...string) []*target {
 	bin := proctest.Build(tb, exampleServer)
 	p, addr := proctest.Start(tb, bin, servingLine, append([]string{"--secure-port=0"}, args...)...)
 	targets := []*target{{name: "evercert", addr: addr, pid: p.Pid()}}
-	for _, kind := range []string{kindUpstream, kindStatic, kindLibrary} {
-		p, addr := proctest.Start(tb, comparisonBinary(tb, kind), servingLine, append([]string{serveCommand, "--kind=" + kind}, args...)...)
+	for _, kind := range []string{kindUpstream, kindStatic, kindLibrary, kindExampleApp} {
+		first := []string{serveCommand, "--kind=" + kind}
+		if kind == kindExampleApp {
+			first = append(first, "--secure-port=0")
+		}
+		p, addr := proctest.Start(tb, comparisonBinary(tb, kind), servingLine, append(first, args...)...)
 		targets = append(targets, &target{name: kind, addr: addr, pid: p.Pid()})
 	}
 	return targets

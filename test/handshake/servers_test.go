@@ -27,6 +27,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	cliflag "k8s.io/component-base/cli/flag"
 
+	"github.com/evercert/evercert/example/server/app"
 	"github.com/evercert/evercert/internal/proctest"
 	"github.com/evercert/evercert/server"
 )
@@ -43,6 +44,10 @@ const (
 	// sni controller and file providers) behind this binary's http.Server:
 	// the library without the example server's process around it.
 	kindLibrary = "library"
+	// kindExampleApp is the example server's own code (example/server/app,
+	// which its main calls) run from this binary: the example server
+	// without its separately built binary.
+	kindExampleApp = "example-app"
 )
 
 // TestMain runs the test binary as a comparison server when its first
@@ -76,6 +81,9 @@ type serveFlags struct {
 // certificate if one is presented and --client-ca-file is set, and offers
 // h2 and http/1.1. Every request gets 200 "ok".
 func serve(args []string) error {
+	if len(args) > 0 && args[0] == "--kind="+kindExampleApp {
+		return serveExampleApp(args[1:])
+	}
 	var f serveFlags
 	fs := pflag.NewFlagSet(serveCommand, pflag.ContinueOnError)
 	fs.StringVar(&f.kind, "kind", "", "static or upstream")
@@ -111,7 +119,7 @@ func serve(args []string) error {
 	case kindLibrary:
 		cfg, done, err = libraryConfig(ctx, f)
 	default:
-		err = fmt.Errorf("--kind: want %s, %s or %s, got %q", kindStatic, kindUpstream, kindLibrary, f.kind)
+		err = fmt.Errorf("--kind: want %s, %s, %s or %s, got %q", kindStatic, kindUpstream, kindLibrary, kindExampleApp, f.kind)
 	}
 	if err != nil {
 		return err
@@ -236,4 +244,19 @@ func libraryConfig(ctx context.Context, f serveFlags) (*tls.Config, func(), erro
 	var wg sync.WaitGroup
 	wg.Go(func() { s.Run(ctx, 1) })
 	return s.Controller.TLSConfig(), func() { cancel(); wg.Wait() }, nil
+}
+
+// serveExampleApp runs the example server's app with the example server's
+// flags, as its main does (without component-base's logging flags), until
+// SIGTERM.
+func serveExampleApp(args []string) error {
+	o := app.NewOptions()
+	fs := pflag.NewFlagSet(kindExampleApp, pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return app.Run(ctx, o, os.Stderr)
 }
