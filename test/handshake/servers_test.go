@@ -1,11 +1,13 @@
 // Package handshake measures TLS handshakes from outside the server
 // process: the example server (./example/server, evercert's controller
 // behind net/http) side by side with the same net/http server on a static
-// tls.Config and on upstream's DynamicServingCertificateController, all
-// three serving the same certificate files. The comparison servers are this
-// test binary, started again with the argument "serve" (see TestMain), so
-// every server is a separate process and the client's work never shares a
-// process with the server it measures.
+// tls.Config, on upstream's DynamicServingCertificateController and on
+// evercert's server package, and with the example server's own code, all
+// serving the same certificate files. The comparison servers are copies of
+// this test binary, started with the argument "serve" (see TestMain and
+// startTargets), so every server is a separate process from a file of its
+// own, and the client's work never shares a process or code pages with the
+// server it measures.
 package handshake
 
 import (
@@ -86,7 +88,7 @@ func serve(args []string) error {
 	}
 	var f serveFlags
 	fs := pflag.NewFlagSet(serveCommand, pflag.ContinueOnError)
-	fs.StringVar(&f.kind, "kind", "", "static or upstream")
+	fs.StringVar(&f.kind, "kind", "", "static, upstream, library, or example-app (then the first argument)")
 	fs.StringVar(&f.certFile, "tls-cert-file", "", "serving certificate")
 	fs.StringVar(&f.keyFile, "tls-private-key-file", "", "serving key")
 	fs.Var(cliflag.NewNamedCertKeyArray(&f.sni), "tls-sni-cert-key", "SNI certificate and key, as the example server takes them")
