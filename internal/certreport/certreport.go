@@ -70,12 +70,11 @@ type Reporter struct {
 	// failures tells distinct failures from retries of the last one.
 	failures errlog.Once
 
+	// mu guards loaded, and makes recording a failure and counting it one
+	// step for LastError: whoever sees a failure there also sees it in
+	// evercert_certificate_load_errors_total.
 	mu     sync.Mutex
 	loaded bool // a certificate was reported: the next one is a rotation
-	// lastErr is what LastError returns. It is set once a failure has been
-	// counted, not when failures records it, so that whoever sees the error
-	// also sees it in evercert_certificate_load_errors_total.
-	lastErr error
 }
 
 // New returns a Reporter for provider. Events are sent when both recorder
@@ -145,13 +144,16 @@ func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
 	// Errors name the source and carry subjects and dates at most, never
 	// key material or PEM (pki's errors are written so), so they are safe
 	// to log and to send.
-	if !r.failures.Error(klog.Background(), err, "Rejected new content; the last good content, if any, is still served",
-		append([]any{"provider", r.provider}, keysAndValues...)...) {
-		r.setLastError(err)
+	r.mu.Lock()
+	distinct = r.failures.Error(klog.Background(), err, "Rejected new content; the last good content, if any, is still served",
+		append([]any{"provider", r.provider}, keysAndValues...)...)
+	if distinct {
+		certmetrics.LoadError(r.provider)
+	}
+	r.mu.Unlock()
+	if !distinct {
 		return false
 	}
-	certmetrics.LoadError(r.provider)
-	r.setLastError(err)
 	r.Event(corev1.EventTypeWarning, ReasonCertificateLoadFailed, ActionLoad,
 		fmt.Sprintf("provider %s: %v; the last good content, if any, is still served", r.provider, err))
 	return true
@@ -160,7 +162,8 @@ func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
 // Succeeded records a successful load and reports whether it ended a
 // failure; a failure after it is distinct again.
 func (r *Reporter) Succeeded() (recovered bool) {
-	r.setLastError(nil)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return r.failures.Reset()
 }
 
@@ -169,13 +172,7 @@ func (r *Reporter) Succeeded() (recovered bool) {
 func (r *Reporter) LastError() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lastErr
-}
-
-func (r *Reporter) setLastError(err error) {
-	r.mu.Lock()
-	r.lastErr = err
-	r.mu.Unlock()
+	return r.failures.Err()
 }
 
 // Event sends an Event about the configured object, if there is a recorder
