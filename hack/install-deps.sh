@@ -8,6 +8,8 @@
 #                         dual-certificate tests (sni, example/server, test/fips)
 #   prometheus  promtool  checks and unit-tests the alert rules in
 #                         deploy/prometheus (make test-alerts)
+#   procps      pgrep     internal/testcluster's check that no control-plane
+#                         process outlives its test
 #
 # kube-apiserver and etcd are not packages: hack/install-kube.sh builds them.
 # hack/deps_test.go keeps this table and the programs the tests run in step.
@@ -16,15 +18,12 @@
 # through sudo; never reads stdin. Exits non-zero if a package cannot be
 # installed or a program is still missing afterwards.
 #
-# Environment (for hack/deps_test.go): APT_GET and DPKG_QUERY override the
-# commands used, so a test can point the script at fakes.
+# hack/deps_test.go runs this script with fake apt-get and dpkg-query first
+# on PATH to check what a fresh machine would get.
 set -euo pipefail
 
 # "package:program" pairs; keep in step with the table above.
-deps=(sslscan:sslscan openssl:openssl prometheus:promtool)
-
-APT_GET="${APT_GET:-apt-get}"
-DPKG_QUERY="${DPKG_QUERY:-dpkg-query}"
+deps=(sslscan:sslscan openssl:openssl prometheus:promtool procps:pgrep)
 
 if [ "${#deps[@]}" -eq 0 ]; then
   # A merge once emptied this list and the script went on to install
@@ -36,7 +35,7 @@ fi
 missing=()
 for dep in "${deps[@]}"; do
   pkg="${dep%%:*}"
-  if ! "${DPKG_QUERY}" -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
     missing+=("$pkg")
   fi
 done
@@ -54,13 +53,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
 
   export DEBIAN_FRONTEND=noninteractive
   apt_install() {
-    "${SUDO[@]}" "${APT_GET}" install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
   }
   echo "install-deps: installing ${missing[*]}" >&2
   # Refresh the package lists only when the install cannot find a package
   # (fresh container, stale or empty lists).
   if ! apt_install 2>/dev/null; then
-    "${SUDO[@]}" "${APT_GET}" update -qq </dev/null >/dev/null
+    "${SUDO[@]}" apt-get update -qq </dev/null >/dev/null
     apt_install
   fi
 fi
