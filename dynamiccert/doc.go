@@ -40,6 +40,8 @@
 // are served by its Alternatives, which the sni controller serves side by
 // side, giving each client the first it supports, ECDSA first.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # Lifecycle
 //
 // Every provider has the lifecycle of dynamiccertificates.ControllerRunner,

@@ -6,7 +6,9 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +19,9 @@ import (
 
 // moduleRoot is the module's root directory, seen from this package's.
 const moduleRoot = ".."
+
+// architectureDoc is the document every package doc points to.
+const architectureDoc = "docs/architecture.md"
 
 // pkgDoc is what the package clause of one package's files says.
 type pkgDoc struct {
@@ -115,4 +120,54 @@ func TestPackageDocHasObservedRotation(t *testing.T) {
 		}
 	}
 	assert.Empty(t, missing, "the dynamiccert package doc must describe observed rotation")
+}
+
+// TestArchitectureDocIsCurrent checks that docs/architecture.md exists,
+// that every package's doc comment points to it, and that it names every
+// package and every metric, so that a new package or metric cannot be added
+// without it.
+func TestArchitectureDocIsCurrent(t *testing.T) {
+	arch, err := os.ReadFile(filepath.Join(moduleRoot, filepath.FromSlash(architectureDoc)))
+	require.NoError(t, err, "the architecture document is missing")
+	text := string(arch)
+
+	var noPointer, unnamed []string
+	for _, p := range modulePackages(t) {
+		if p.helper {
+			continue
+		}
+		if !strings.Contains(p.doc, architectureDoc) {
+			noPointer = append(noPointer, p.dir)
+		}
+		if !strings.Contains(text, "`"+p.dir+"`") {
+			unnamed = append(unnamed, p.dir)
+		}
+	}
+	assert.Empty(t, noPointer, "these packages' doc comments do not point to %s", architectureDoc)
+	assert.Empty(t, unnamed, "%s does not name these packages (as `dir`): add them to its package list", architectureDoc)
+
+	// Every metric is defined in internal/certmetrics (namespace evercert).
+	names := map[string]bool{}
+	files, err := filepath.Glob(filepath.Join(moduleRoot, "internal", "certmetrics", "*.go"))
+	require.NoError(t, err)
+	nameRE := regexp.MustCompile(`(?m)^\s*Name:\s*"([a-z0-9_]+)"`)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range nameRE.FindAllStringSubmatch(string(src), -1) {
+			names["evercert_"+m[1]] = true
+		}
+	}
+	require.NotEmpty(t, names, "no metric definitions found in internal/certmetrics")
+	var unlisted []string
+	for name := range names {
+		if !strings.Contains(text, name) {
+			unlisted = append(unlisted, name)
+		}
+	}
+	slices.Sort(unlisted)
+	assert.Empty(t, unlisted, "%s does not list these metrics: add them to its Metrics section", architectureDoc)
 }
