@@ -3,6 +3,8 @@
 // API server trusts a webhook or aggregated API server whose serving
 // certificate rotates in memory.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # Targets
 //
 // A [Publisher], made by [NewPublisher] from a [PublisherConfig], writes

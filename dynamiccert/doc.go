@@ -40,6 +40,8 @@
 // are served by its Alternatives, which the sni controller serves side by
 // side, giving each client the first it supports, ECDSA first.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # Lifecycle
 //
 // Every provider has the lifecycle of dynamiccertificates.ControllerRunner,
@@ -49,8 +51,7 @@
 // content current until ctx is done and returns once its goroutines have
 // stopped. A provider has a single loop, so workers is accepted for the
 // interface and ignored. RunOnce is optional: Run loads by itself.
-package dynamiccert
-
+//
 // # Observed rotation
 //
 // SelfSigned and Authority are issuers: they make a CA and sign this
@@ -65,24 +66,27 @@ package dynamiccert
 //     for an Authority, the Secret's ca.crt.
 //  2. Observe. The successor signs only once PropagationDelay (the minimum
 //     delay, for consumers evercert cannot see) has passed since this
-//     process first saw it and every observer confirmed it:
-//     - each Observer (AddObserver): a cabundle.Publisher confirms when
+//     process first saw it and every observer (below) confirmed it.
+//  3. Retire. The old CA stays in every bundle until it expires.
+//
+// The observers a successor waits for are:
+//
+//   - each Observer (AddObserver): a cabundle.Publisher confirms when
 //     every target, read back from the API server, holds the successor;
 //     the server package's --ca-bundle-file writer confirms once the
 //     file holds it;
-//     - for an Authority, every live replica: each replica announces in a
+//   - for an Authority, every live replica: each replica announces in a
 //     coordination.k8s.io/v1 Lease (label evercert.io/authority=<Secret
 //     name>) the fingerprints of the CAs it has loaded and its own
 //     observers confirmed (a successor only once the minimum delay has
 //     passed since that replica first saw it, so a replica that saw it
 //     late gives its own consumers the full delay too), the hash of its
-//     bundle and its leaf serial. A
-//     replica whose Lease has not been seen renewed for its lease duration
-//     is not waited for. Liveness is judged by when a renewal was seen on
-//     the observer's clock, never by the writer's timestamps, and time
-//     the observer itself was paused does not count. A Lease not renewed
-//     for ten lease durations is deleted by the replicas that remain.
-//  3. Retire. The old CA stays in every bundle until it expires.
+//     bundle and its leaf serial. A replica whose Lease has not been seen
+//     renewed for its lease duration is not waited for. Liveness is judged
+//     by when a renewal was seen on the observer's clock, never by the
+//     writer's timestamps, and time the observer itself was paused does
+//     not count. A Lease not renewed for ten lease durations is deleted by
+//     the replicas that remain.
 //
 // Status reports the phase: the signing CA, the Successor with the time it
 // was published, when its minimum delay ends and the observers still
@@ -126,3 +130,4 @@ package dynamiccert
 // valid), writes back the CAs it knows instead of starting a CA no client
 // trusts; a valid CA it never saw is another writer's, not a rollback. To
 // force a new CA, delete the Secret and restart every replica.
+package dynamiccert

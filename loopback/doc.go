@@ -47,4 +47,6 @@
 // serving, bounded by the server's stop channel; ApplyToConfig additionally
 // registers the post-start hook PostStartHookName, so rotation does not
 // depend on that detail. Run never runs twice at once.
+//
+// See docs/architecture.md for how the packages fit together.
 package loopback

@@ -41,4 +41,6 @@
 // podcertificaterequests/status, sign on signers with the signer name as
 // resourceName (certificates.k8s.io), get on pods and list on services;
 // plus the Authority's own (see example/signer/rbac.yaml).
+//
+// See docs/architecture.md for how the packages fit together.
 package podcert

@@ -23,6 +23,8 @@
 // RunOnce where a synchronous first load makes sense, Run(ctx, workers)
 // until ctx is done, HasSynced for readiness.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # Start-up errors
 //
 // Serve returns start-up errors at once instead of serving nothing: no

@@ -54,6 +54,8 @@
 // indexed). Explicit names take precedence over names taken from
 // certificates, and within each kind the earlier provider wins a name.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # Several key algorithms for one name
 //
 // Some clients cannot use ECDSA (legacy or restricted TLS stacks), while an

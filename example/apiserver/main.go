@@ -13,6 +13,8 @@
 //	    --apiservice-service=evercert/evercert-example-apiserver --self-signed-validity=1h
 //
 // See package app for the wiring.
+//
+// See docs/architecture.md for how the packages fit together.
 package main
 
 import (

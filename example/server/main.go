@@ -1,6 +1,8 @@
 // Command server is evercert's example HTTPS server. With no flags it serves
 // an in-memory self-signed certificate that rotates by itself; every flag of
 // server.Options works. Its / page shows what each provider serves.
+//
+// See docs/architecture.md for how the packages fit together.
 package main
 
 import (

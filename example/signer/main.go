@@ -7,6 +7,8 @@
 //
 //	signer --kubeconfig ~/.kube/config --ca-secret evercert-signer/evercert-signer-ca \
 //	  --policy policy.yaml --self-signed-hosts evercert-signer.evercert-signer.svc --secure-port 0
+//
+// See docs/architecture.md for how the packages fit together.
 package main
 
 import (

@@ -7,6 +7,8 @@
 //
 //	webhook --kubeconfig ~/.kube/config --ca-secret default/evercert-example-webhook-ca \
 //	  --self-signed-hosts 127.0.0.1 --secure-port 0 --register-url https://127.0.0.1
+//
+// See docs/architecture.md for how the packages fit together.
 package main
 
 import (

@@ -8,6 +8,8 @@
 // an attempt repeated until it succeeds. Either way the wait is on an
 // injected clock, so a test that steps a fake clock drives retries exactly
 // as production time would.
+//
+// See docs/architecture.md for how the packages fit together.
 package backoff
 
 import (

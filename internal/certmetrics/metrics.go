@@ -5,6 +5,8 @@
 // genericapiserver's).
 //
 // All functions are safe for concurrent use.
+//
+// See docs/architecture.md for how the packages fit together.
 package certmetrics
 
 import (

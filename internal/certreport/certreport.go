@@ -19,6 +19,8 @@
 // WithContent) differs from the previous failure's, or when a success came
 // in between. Retrying the same bad file, the same bad Secret or the same API
 // error any number of times is one failure.
+//
+// See docs/architecture.md for how the packages fit together.
 package certreport
 
 import (

@@ -6,6 +6,8 @@
 // Every method takes the klog.Logger to write to, so that callers log
 // through the logger of their context (klog.FromContext(ctx)) like the rest
 // of the code.
+//
+// See docs/architecture.md for how the packages fit together.
 package errlog
 
 import (

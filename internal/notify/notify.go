@@ -1,5 +1,7 @@
 // Package notify holds the set of dynamiccertificates.Listener that a
 // provider, a publisher or a file writer tells about a change.
+//
+// See docs/architecture.md for how the packages fit together.
 package notify
 
 import (

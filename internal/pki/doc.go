@@ -3,4 +3,6 @@
 // validation of PEM certificate/key pairs and CA bundles.
 //
 // Nothing in this package logs; errors never contain key material.
+//
+// See docs/architecture.md for how the packages fit together.
 package pki

@@ -5,6 +5,8 @@
 // through a clientset built once from the loopback config, counting
 // evercert_loopback_selfcheck_total. There is no etcd.
 //
+// See docs/architecture.md for how the packages fit together.
+//
 // # API
 //
 // Besides /healthz, /livez, /readyz, /version, /metrics and discovery, the

@@ -1,6 +1,8 @@
 // Package app wires the example server: server.Options plus a loopback
 // client that calls the server at a steady rate, a status page, health and
 // metrics.
+//
+// See docs/architecture.md for how the packages fit together.
 package app
 
 import (

@@ -15,4 +15,6 @@
 //
 // RBAC is in example/signer/rbac.yaml, a policy example in
 // example/signer/policy.yaml.
+//
+// See docs/architecture.md for how the packages fit together.
 package app

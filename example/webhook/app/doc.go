@@ -18,4 +18,6 @@
 // handy for local demos and tests.
 //
 // RBAC is in example/webhook/rbac.yaml.
+//
+// See docs/architecture.md for how the packages fit together.
 package app

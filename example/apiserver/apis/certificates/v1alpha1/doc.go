@@ -7,4 +7,6 @@
 // The types are plain Go structs with hand-written deep copies; there is no
 // storage, no internal version and no conversion. The server encodes them as
 // JSON or YAML only.
+//
+// See docs/architecture.md for how the packages fit together.
 package v1alpha1
