@@ -52,7 +52,12 @@ func caSchedule(ca LeafSigner) (CASchedule, bool) {
 //	LongestLeaf = CALifetime - PropagationDelay + backdate - 1s
 //
 // The very first CA of a new Secret signs at once and gives up to
-// PropagationDelay more, for its first life only.
+// PropagationDelay more, for its first life only. Clock skew only lowers
+// the bound: a successor made by a replica whose clock lags this one's by
+// d (accepted up to the Authority's SkewTolerance) ends d sooner on this
+// clock. NewSigner refuses a schedule whose LongestLeaf is below
+// MinLifetime, which cannot work even with every clock right; leave room
+// for SkewTolerance above it.
 func (s CASchedule) LongestLeaf(backdate time.Duration) time.Duration {
 	return s.CALifetime - s.PropagationDelay + backdate - time.Second
 }
