@@ -34,10 +34,13 @@ func TestSignerWaitingShowsInReadinessAndMetric(t *testing.T) {
 	// The successor is published (16h before expiry) and its minimum delay
 	// passes, but the observer holds it back until the signing CA has less
 	// than MinLifetime left.
+	// Each wait kicks the Authority's loop: a fake-clock step that lands
+	// between its check and its next timer would otherwise leave that timer
+	// a whole wait beyond the new time.
 	e.clk.SetTime(first.NotAfter.Add(-16*time.Hour + time.Minute))
-	require.Eventually(t, func() bool { return e.ca.Status().Successor != nil }, guard, time.Millisecond, "the successor is published")
+	require.Eventually(t, func() bool { e.ca.Enqueue(); return e.ca.Status().Successor != nil }, guard, time.Millisecond, "the successor is published")
 	e.clk.SetTime(first.NotAfter.Add(-30 * time.Minute))
-	require.Eventually(t, func() bool { return e.ca.Status().Stalled }, guard, time.Millisecond, "the Authority saw the time")
+	require.Eventually(t, func() bool { e.ca.Enqueue(); return e.ca.Status().Stalled }, guard, time.Millisecond, "the Authority saw the time")
 	waiting, _ := e.request(pod, KeyTypeECDSAP256)
 	require.Eventually(t, func() bool { return check.Check(nil) != nil }, guard, time.Millisecond, "readiness fails while the request waits")
 	err := check.Check(nil)
