@@ -231,6 +231,11 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 // Name returns the provider name.
 func (a *Authority) Name() string { return a.cfg.Name }
 
+// Config returns the configuration with its defaults filled in, e.g. the
+// CA schedule a podcert.Signer checks against the leaf lifetimes it must
+// issue. The Observers and EventRecorder fields are shared, not copied.
+func (a *Authority) Config() AuthorityConfig { return a.cfg }
+
 // ReplicaID returns the name this replica announces itself under.
 func (a *Authority) ReplicaID() string { return a.cfg.ReplicaID }
 

@@ -168,13 +168,15 @@ type PostStartHookAdder interface {
 //
 // When ApplyTo set a loopback client config from this Certificate, the hook
 // first checks that the server still uses it (same bearer token). If
-// something replaced it afterwards — typically upstream's
-// SecureServingOptionsWithLoopback.ApplyTo or RecommendedOptions.ApplyTo
-// called after loopback's, which also replaces the SecureServingInfo and so
+// something replaced it afterwards — upstream's
+// SecureServingOptionsWithLoopback.ApplyTo or ApplyToConfig called on its
+// own after loopback's, which also replaces the SecureServingInfo and so
 // drops evercert's certificate — the hook returns an error wrapping
 // ErrWrongOrder, which genericapiserver treats as fatal: the server exits at
 // start, naming the cause, instead of running on upstream's never-rotated
-// loopback certificate.
+// loopback certificate. RecommendedOptions.ApplyTo called after
+// ApplyRecommendedOptions never gets this far: it returns ErrWrongOrder
+// itself (see ApplyRecommendedOptions).
 func (c *Certificate) PostStartHook() (string, server.PostStartHookFunc, error) {
 	return PostStartHookName, func(hookCtx server.PostStartHookContext) error {
 		if err := c.checkInUse(hookCtx.LoopbackClientConfig); err != nil {
@@ -194,7 +196,7 @@ func (c *Certificate) checkInUse(cfg *rest.Config) error {
 	}
 	if cfg == nil || cfg.BearerToken != *want {
 		return fmt.Errorf("%w: the server's loopback client config is not the one loopback.ApplyTo made, "+
-			"so something replaced it afterwards, typically upstream's SecureServingOptionsWithLoopback.ApplyTo or RecommendedOptions.ApplyTo "+
+			"so something replaced it afterwards, typically upstream's SecureServingOptionsWithLoopback.ApplyTo or ApplyToConfig "+
 			"called after loopback.ApplyTo, ApplyToConfig or ApplyRecommendedOptions; the server would run on upstream's never-rotated loopback certificate. "+
 			"Apply only one loopback: loopback.ApplyRecommendedOptions replaces RecommendedOptions.ApplyTo", ErrWrongOrder)
 	}

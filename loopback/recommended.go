@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 
+	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/options"
@@ -36,11 +37,22 @@ type ApplyConfig struct {
 	// which reloads them on change), else ServerCert.GeneratedCert when set,
 	// else a dynamiccert.SelfSigned named DefaultServingName for
 	// dynamiccert.DefaultSelfSignedHosts plus the bind address when it is
-	// neither loopback nor unspecified, with dynamiccert's default lifetimes
-	// and Loopback.Clock. It replaces upstream's never-rotated certificate
-	// from MaybeDefaultWithSelfSignedCerts; do not call that, or its
-	// certificate is used instead.
+	// neither loopback nor unspecified plus AlternateDNS and AlternateIPs,
+	// with dynamiccert's default lifetimes and Loopback.Clock. It replaces
+	// upstream's never-rotated certificate from
+	// MaybeDefaultWithSelfSignedCerts; do not call that (its certificate
+	// would be used instead), pass its alternate names in AlternateDNS and
+	// AlternateIPs.
 	Serving dynamiccertificates.CertKeyContentProvider
+	// AlternateDNS and AlternateIPs are added to the names of the
+	// self-signed default: what sample-apiserver passes to
+	// MaybeDefaultWithSelfSignedCerts as alternateDNS and alternateIPs, e.g.
+	// the Service name "<service>.<namespace>.svc" the aggregator verifies.
+	// Default none. They name only the self-signed default, so giving them
+	// with Serving, certificate files or GeneratedCert is an error, not
+	// silently unused.
+	AlternateDNS []string
+	AlternateIPs []net.IP
 }
 
 // Applied is what ApplyRecommendedOptions installed. Both fields are nil
@@ -54,6 +66,24 @@ type Applied struct {
 	// ApplyConfig.Serving, the provider of the certificate files or
 	// GeneratedCert, or the self-signed default, a *dynamiccert.SelfSigned
 	// whose CA bundle clients (and an APIService's caBundle) trust.
+	//
+	// The self-signed default's CA exists only in memory and rotates: there
+	// is no apiserver.crt to copy into an APIService's caBundle. Publish it
+	// instead with a cabundle.Publisher whose Source is Serving (a
+	// dynamiccertificates.CAContentProvider) and whose target is the
+	// APIService, and make the publisher an observer of the CA rotation, so
+	// that a successor CA signs only once the APIService holds it:
+	//
+	//	ca := applied.Serving.(*dynamiccert.SelfSigned)
+	//	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
+	//		Source: ca, KubeConfig: cfg.ClientConfig, // or AggregatorClient
+	//		Targets: []cabundle.Target{{Kind: cabundle.APIService, Name: "v1alpha1.wardle.example.com"}},
+	//	})
+	//	ca.AddObserver(publisher)
+	//	cfg.AddReadyzChecks(publisher.HealthCheck())
+	//	// in a post-start hook: go publisher.Run(hookCtx, 0)
+	//
+	// test/sampleapiserver (Options.APIService) is wired this way.
 	Serving dynamiccertificates.CertKeyContentProvider
 }
 
@@ -89,16 +119,31 @@ type Applied struct {
 // applied: cfg must not have been through RecommendedOptions.ApplyTo or any
 // loopback (cfg.SecureServing or cfg.LoopbackClientConfig set, a
 // "loopback-serving-certificate" check or the PostStartHookName hook
-// present). Applying upstream's loopback to cfg afterwards replaces
-// cfg.LoopbackClientConfig; the rotation post-start hook then fails at start
-// with ErrWrongOrder (see PostStartHook).
+// present).
+//
+// Applying something to cfg afterwards is caught too, in two ways:
+//
+//   - o.ApplyTo(cfg), upstream's RecommendedOptions.ApplyTo, called on the
+//     same o and cfg after ApplyRecommendedOptions (the likeliest mistake:
+//     the new call added, the old one left in place) returns an error
+//     wrapping ErrWrongOrder. For this ApplyRecommendedOptions replaces
+//     o.ExtraAdmissionInitializers with a wrapper that calls the original
+//     for any other config and refuses cfg; upstream calls it after its
+//     own secure serving and before its admission, which would otherwise
+//     fail with a "start-apiserver-admission-initializer ... already
+//     registered" error that does not name the cause. cfg is then partly
+//     applied twice: discard it.
+//   - A bare SecureServingOptionsWithLoopback.ApplyTo or ApplyToConfig
+//     afterwards replaces cfg.LoopbackClientConfig; the rotation post-start
+//     hook then fails at start with ErrWrongOrder (see PostStartHook).
 //
 // With o.SecureServing nil or secure serving off (no Listener and BindPort
 // 0), steps 1 to 4 do nothing, as upstream, and both fields of Applied are
 // nil; an ApplyConfig.Serving is then an error, not silently unused.
 //
-// o itself is not modified; o.SecureServing gets its Listener, BindAddress
-// and BindPort filled in by SecureServingOptions.ApplyTo, as upstream. On an
+// o itself is not modified apart from o.ExtraAdmissionInitializers (see
+// above); o.SecureServing gets its Listener, BindAddress and BindPort filled
+// in by SecureServingOptions.ApplyTo, as upstream. On an
 // error from step 5, cfg is partly applied, as with upstream: discard it.
 // ApplyRecommendedOptions is not safe for concurrent use with other changes
 // to o or cfg.
@@ -114,7 +159,15 @@ func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.Recommen
 		ss = o.SecureServing.SecureServingOptions
 	}
 	if opts.Serving != nil {
-		if err := checkServingConflict(ss); err != nil {
+		if err := checkServingConflict(ss, "a serving certificate provider was given"); err != nil {
+			return nil, err
+		}
+		if len(opts.AlternateDNS) > 0 || len(opts.AlternateIPs) > 0 {
+			return nil, fmt.Errorf("loopback.ApplyRecommendedOptions: ApplyConfig.AlternateDNS %v and AlternateIPs %v name the self-signed default, "+
+				"but a serving certificate provider (%q) was given: put the names into that provider", opts.AlternateDNS, opts.AlternateIPs, opts.Serving.Name())
+		}
+	} else if len(opts.AlternateDNS) > 0 || len(opts.AlternateIPs) > 0 {
+		if err := checkServingConflict(ss, fmt.Sprintf("ApplyConfig.AlternateDNS %v and AlternateIPs %v name the self-signed default", opts.AlternateDNS, opts.AlternateIPs)); err != nil {
 			return nil, err
 		}
 	}
@@ -148,7 +201,29 @@ func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.Recommen
 	if err := rest.ApplyTo(cfg); err != nil {
 		return nil, err
 	}
+	o.ExtraAdmissionInitializers = refuseAgain(o.ExtraAdmissionInitializers, cfg)
 	return applied, nil
+}
+
+// refuseAgain wraps extra, a RecommendedOptions.ExtraAdmissionInitializers,
+// so that it refuses applied, a config ApplyRecommendedOptions applied:
+// upstream's RecommendedOptions.ApplyTo calls it on every apply, after its
+// secure serving and before its admission, so RecommendedOptions.ApplyTo
+// left in place after ApplyRecommendedOptions returns ErrWrongOrder instead
+// of upstream's "already registered" error about an admission hook. Any
+// other config gets extra's answer (none when extra is nil).
+func refuseAgain(extra func(*server.RecommendedConfig) ([]admission.PluginInitializer, error), applied *server.RecommendedConfig) func(*server.RecommendedConfig) ([]admission.PluginInitializer, error) {
+	return func(c *server.RecommendedConfig) ([]admission.PluginInitializer, error) {
+		if c == applied {
+			return nil, fmt.Errorf("%w: RecommendedOptions.ApplyTo ran on a config that loopback.ApplyRecommendedOptions already applied; "+
+				"it would add upstream's loopback and every other option a second time. "+
+				"loopback.ApplyRecommendedOptions replaces RecommendedOptions.ApplyTo: remove the RecommendedOptions.ApplyTo call", ErrWrongOrder)
+		}
+		if extra == nil {
+			return nil, nil
+		}
+		return extra(c)
+	}
 }
 
 // checkFreshConfig returns an error wrapping ErrWrongOrder if secure serving
@@ -163,8 +238,9 @@ func checkFreshConfig(cfg *server.Config) error {
 }
 
 // checkServingConflict returns an error if ss already names a serving
-// certificate, which ApplyConfig.Serving would silently override.
-func checkServingConflict(ss *options.SecureServingOptions) error {
+// certificate, which what (ApplyConfig.Serving, or the alternate names of
+// the self-signed default) would silently override or miss.
+func checkServingConflict(ss *options.SecureServingOptions, what string) error {
 	if ss == nil {
 		return nil
 	}
@@ -179,7 +255,7 @@ func checkServingConflict(ss *options.SecureServingOptions) error {
 		given = append(given, fmt.Sprintf("ServerCert.GeneratedCert (provider %q, set by MaybeDefaultWithSelfSignedCerts or by hand)", ss.ServerCert.GeneratedCert.Name()))
 	}
 	if len(given) > 0 {
-		return fmt.Errorf("loopback.ApplyRecommendedOptions: a serving certificate provider was given, and so were %v; choose one", given)
+		return fmt.Errorf("loopback.ApplyRecommendedOptions: %s, and %v were given too; choose one", what, given)
 	}
 	return nil
 }
@@ -195,9 +271,14 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 		return nil // certificate files or GeneratedCert
 	}
 	hosts := slices.Clone(dynamiccert.DefaultSelfSignedHosts)
-	if ip := bindIP(info, ss); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() && !slices.Contains(hosts, ip.String()) {
+	if ip := bindIP(info, ss); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
 		hosts = append(hosts, ip.String())
 	}
+	hosts = append(hosts, opts.AlternateDNS...)
+	for _, ip := range opts.AlternateIPs {
+		hosts = append(hosts, ip.String())
+	}
+	hosts = uniqueInOrder(hosts) // DefaultSelfSignedHosts first, then in the order given
 	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
 		Name:  DefaultServingName,
 		Hosts: hosts,
@@ -208,6 +289,16 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 	}
 	info.Cert = serving
 	return nil
+}
+
+// uniqueInOrder drops repeated names, keeping the first of each.
+func uniqueInOrder(names []string) []string {
+	seen := map[string]bool{}
+	return slices.DeleteFunc(names, func(n string) bool {
+		dup := seen[n]
+		seen[n] = true
+		return dup
+	})
 }
 
 // bindIP returns the IP the server listens on, or nil.

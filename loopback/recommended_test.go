@@ -15,10 +15,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/util/compatibility"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -280,4 +283,86 @@ func TestApplyRecommendedOptionsUpstreamAfterwards(t *testing.T) {
 	assert.Contains(t, out, loopback.ErrWrongOrder.Error())
 	assert.Contains(t, out, "loopback.ApplyRecommendedOptions replaces RecommendedOptions.ApplyTo")
 	assert.NotContains(t, out, "the server ran until the timeout")
+}
+
+// TestApplyRecommendedOptionsAlternateNames: the alternate names
+// sample-apiserver passes to MaybeDefaultWithSelfSignedCerts (the Service
+// name the aggregator verifies) go into the self-signed default through
+// ApplyConfig.AlternateDNS and AlternateIPs: a real handshake for each of
+// them verifies against the applied serving CA bundle. Names given where
+// they cannot apply (a provider, GeneratedCert) are refused, not dropped.
+func TestApplyRecommendedOptionsAlternateNames(t *testing.T) {
+	const svcName = "wardle-server.wardle.svc"
+	o, cfg := recommendedOptions(t), newRecommendedConfig()
+	applied, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{
+		AlternateDNS: []string{svcName}, AlternateIPs: []net.IP{net.ParseIP("10.96.0.7")},
+	})
+	require.NoError(t, err)
+	serving, ok := applied.Serving.(dynamiccertificates.CAContentProvider)
+	require.True(t, ok, "the self-signed default has a CA bundle, got %T", applied.Serving)
+	s, err := cfg.Complete().New("alternate-names-test", server.NewEmptyDelegate())
+	require.NoError(t, err)
+	runServer(t, s)
+	addr := s.SecureServingInfo.Listener.Addr().String()
+	for _, name := range []string{svcName, "10.96.0.7", "localhost"} {
+		_, err := tlstest.Dial(addr, &tls.Config{ServerName: name, RootCAs: tlstest.Pool(t, serving.CurrentCABundleContent())})
+		assert.NoError(t, err, "handshake for %q verifies against the applied serving CA", name)
+	}
+
+	provider, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "mine"})
+	require.NoError(t, err)
+	_, err = loopback.ApplyRecommendedOptions(recommendedOptions(t), newRecommendedConfig(), loopback.ApplyConfig{Serving: provider, AlternateDNS: []string{svcName}})
+	assert.ErrorContains(t, err, "AlternateDNS [wardle-server.wardle.svc]")
+	o = recommendedOptions(t)
+	o.SecureServing.ServerCert.CertKey.CertFile, o.SecureServing.ServerCert.CertKey.KeyFile = "/tls.crt", "/tls.key"
+	_, err = loopback.ApplyRecommendedOptions(o, newRecommendedConfig(), loopback.ApplyConfig{AlternateDNS: []string{svcName}})
+	assert.ErrorContains(t, err, "--tls-cert-file /tls.crt")
+	assert.ErrorContains(t, err, "AlternateDNS [wardle-server.wardle.svc]")
+}
+
+// TestApplyRecommendedOptionsThenRecommendedApplyTo: the likeliest mistake,
+// loopback.ApplyRecommendedOptions added and o.ApplyTo(cfg) left in place
+// after it, returns ErrWrongOrder with evercert's message naming the fix,
+// with and without admission (which upstream would otherwise fail on with
+// "unable to add start-apiserver-admission-initializer ... already
+// registered"). The same options still apply to a new config.
+func TestApplyRecommendedOptionsThenRecommendedApplyTo(t *testing.T) {
+	for name, withAdmission := range map[string]bool{"without admission": false, "with admission": true} {
+		t.Run(name, func(t *testing.T) {
+			o, cfg := recommendedOptions(t), newRecommendedConfig()
+			if withAdmission {
+				// Admission with no plugin, on a client that is never
+				// called: enough for upstream to register its admission
+				// post-start hook.
+				o.Admission = options.NewAdmissionOptions()
+				o.Admission.RecommendedPluginOrder, o.Admission.DefaultOffPlugins = nil, nil
+				cfg.ClientConfig = &rest.Config{Host: "https://127.0.0.1:1"}
+				cfg.SharedInformerFactory = informers.NewSharedInformerFactory(kubefake.NewClientset(), 0)
+			}
+			calls := 0
+			o.ExtraAdmissionInitializers = func(*server.RecommendedConfig) ([]admission.PluginInitializer, error) {
+				calls++
+				return nil, nil
+			}
+			_, err := loopback.ApplyRecommendedOptions(o, cfg, loopback.ApplyConfig{})
+			require.NoError(t, err)
+			require.Equal(t, 1, calls)
+
+			err = o.ApplyTo(cfg) // the wrong order
+			require.ErrorIs(t, err, loopback.ErrWrongOrder)
+			assert.ErrorContains(t, err, "remove the RecommendedOptions.ApplyTo call")
+			assert.NotContains(t, err.Error(), "already registered")
+			assert.Equal(t, 1, calls, "the caller's initializers did not run again")
+
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ln.Close() })
+			o.SecureServing.Listener = ln
+			cfg2 := newRecommendedConfig()
+			cfg2.ClientConfig, cfg2.SharedInformerFactory = cfg.ClientConfig, cfg.SharedInformerFactory
+			_, err = loopback.ApplyRecommendedOptions(o, cfg2, loopback.ApplyConfig{})
+			require.NoError(t, err, "the options apply to a new config")
+			assert.Equal(t, 2, calls, "and the caller's initializers ran for it")
+		})
+	}
 }

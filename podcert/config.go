@@ -68,7 +68,9 @@ type SignerConfig struct {
 	// Required. Names under kubernetes.io are reserved.
 	SignerName string
 	// CA signs the leaves, normally a *dynamiccert.Authority that runs
-	// (its Run loop rotates the CA). Required.
+	// (its Run loop rotates the CA). Required. An Authority whose schedule
+	// can never give a leaf MinLifetime (CASchedule.LongestLeaf) is an
+	// error wrapping ErrCANeverCoversMinLifetime.
 	CA LeafSigner
 	// Client reads the requests (list, watch), the Pods (get) and the
 	// Services (list) and writes the requests' status. Required. RBAC:
@@ -132,6 +134,10 @@ func (c *SignerConfig) complete() error {
 	}
 	if c.Backdate < 0 || c.Backdate >= MaxBackdate {
 		errs = append(errs, fmt.Errorf("SignerConfig.Backdate: %v must be at least 0 and below %v (the API wants NotBefore within 5 minutes of its clock)", c.Backdate, MaxBackdate))
+	} else if sched, ok := caSchedule(c.CA); ok {
+		if err := sched.check(c.Backdate); err != nil {
+			errs = append(errs, fmt.Errorf("SignerConfig.CA: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/evercert/evercert/dynamiccert"
 )
 
 // TestNewRefusesBadConfig: every bad field is reported at once, by name.
@@ -127,4 +129,39 @@ func TestRedactPEM(t *testing.T) {
 	assert.NotContains(t, got, "MIIC")
 	assert.Contains(t, got, "status.certificateChain: Invalid value")
 	assert.Contains(t, got, ": bad")
+}
+
+// TestNewRefusesCAThatNeverCoversMinLifetime: an Authority whose CAs, once
+// rotating, can never give a leaf the API's minimum of one hour (CA
+// lifetime minus propagation delay plus backdate, less a second of
+// rounding) is refused at once, with the numbers; one second more is
+// accepted.
+func TestNewRefusesCAThatNeverCoversMinLifetime(t *testing.T) {
+	e := newEnv(t)
+	authority := func(caLifetime time.Duration) *dynamiccert.Authority {
+		a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+			Namespace: "evercert", SecretName: "short-ca", Client: e.api, Hosts: []string{"signer.evercert.svc"},
+			Lifetime: 6 * time.Minute, CALifetime: caLifetime, CARenewBefore: 10 * time.Minute, Clock: e.clk,
+		})
+		require.NoError(t, err)
+		return a
+	}
+	cfg := func(ca LeafSigner) SignerConfig {
+		return SignerConfig{SignerName: testSigner, CA: ca, Client: e.api, Policy: webPolicy, Clock: e.clk}
+	}
+
+	short := authority(30 * time.Minute) // propagation (10m-2m)/4 = 2m: at most 30m-2m+2m-1s
+	_, err := NewSigner(cfg(short))
+	require.ErrorIs(t, err, ErrCANeverCoversMinLifetime)
+	assert.ErrorContains(t, err, "SignerConfig.CA")
+	assert.ErrorContains(t, err, "leaves at most 29m59s")
+	sched, ok := caSchedule(short)
+	require.True(t, ok)
+	assert.Equal(t, 29*time.Minute+59*time.Second, sched.LongestLeaf(DefaultBackdate))
+
+	// 1h plus propagation minus backdate plus the rounding second.
+	_, err = NewSigner(cfg(authority(time.Hour + 2*time.Minute - DefaultBackdate + time.Second)))
+	require.NoError(t, err)
+	_, err = NewSigner(cfg(authority(time.Hour + 2*time.Minute - DefaultBackdate)))
+	require.ErrorIs(t, err, ErrCANeverCoversMinLifetime)
 }

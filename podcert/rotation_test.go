@@ -40,7 +40,10 @@ func TestSignerThroughObservedRotation(t *testing.T) {
 
 	// Past the CA's renew-before: the successor is published.
 	e.clk.SetTime(first.NotAfter.Add(-16*time.Hour + time.Minute))
-	require.Eventually(t, func() bool { return e.ca.Status().Successor != nil }, guard, time.Millisecond, "the successor is published")
+	// Kicking the Authority's loop on every poll: a fake-clock step that
+	// lands between its check and its next timer would otherwise leave that
+	// timer a whole wait beyond the new time.
+	require.Eventually(t, func() bool { e.ca.Enqueue(); return e.ca.Status().Successor != nil }, guard, time.Millisecond, "the successor is published")
 	succ := e.ca.Status().Successor
 	// Its minimum delay is long over, but the observer holds it back.
 	e.clk.SetTime(first.NotAfter.Add(-10 * time.Hour))
@@ -59,7 +62,7 @@ func TestSignerThroughObservedRotation(t *testing.T) {
 
 	// Less than MinLifetime left: wait for the successor.
 	e.clk.SetTime(first.NotAfter.Add(-30 * time.Minute))
-	require.Eventually(t, func() bool { return e.ca.Status().Stalled }, guard, time.Millisecond, "the Authority saw the time")
+	require.Eventually(t, func() bool { e.ca.Enqueue(); return e.ca.Status().Stalled }, guard, time.Millisecond, "the Authority saw the time")
 	waiting, _ := e.request(pod, KeyTypeECDSAP256)
 	require.Eventually(t, func() bool {
 		s.mu.Lock()

@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apiserver/pkg/server/healthz"
 	certinformersv1 "k8s.io/client-go/informers/certificates/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -102,8 +105,9 @@ type Signer struct {
 	// seen is when this replica first saw each open request, for the
 	// latency metric.
 	seen map[string]time.Time
-	// waiting holds the open requests that wait for the CA.
-	waiting map[string]struct{}
+	// waiting holds the open requests that wait for the CA, with the
+	// reason (evercert_podcertificate_requests_waiting, HealthCheck).
+	waiting map[string]string
 	// finished holds the requests this replica decided, until the
 	// informer delivers the decided version, so a stale cache never makes
 	// it sign twice.
@@ -125,7 +129,7 @@ func NewSigner(cfg SignerConfig) (*Signer, error) {
 		cfg:      cfg,
 		retry:    backoff.NewItems[string](backoff.DefaultInitial, backoff.DefaultCap),
 		seen:     map[string]time.Time{},
-		waiting:  map[string]struct{}{},
+		waiting:  map[string]string{},
 		finished: map[string]struct{}{},
 		attempts: map[string]int{},
 		lastErr:  map[string]string{},
@@ -184,6 +188,53 @@ func (s *Signer) HasSynced() bool { return s.informer.HasSynced() }
 // SignerName returns the signer name served.
 func (s *Signer) SignerName() string { return s.cfg.SignerName }
 
+// stopWaitingLocked drops k from the waiting requests; s.mu is held.
+func (s *Signer) stopWaitingLocked(k string) {
+	if _, ok := s.waiting[k]; ok {
+		delete(s.waiting, k)
+		certmetrics.PodCertificateWaiting(s.cfg.SignerName, len(s.waiting))
+	}
+}
+
+// maxWaitingNamed bounds the requests HealthCheck names.
+const maxWaitingNamed = 3
+
+// HealthCheck returns the readiness check "podcert-waiting:<signer name>":
+// it fails while any request waits for the CA (no signing CA yet, or the
+// signing CA ends too soon for the request's lifetime while its successor
+// waits to be observed), naming up to three of them with the reason, so a
+// request that waits shows on /readyz and not only in one log line. The
+// count is the gauge evercert_podcertificate_requests_waiting. A
+// healthy rotation makes requests wait briefly when CARenewBefore is short
+// (see CASchedule.LeafAlways).
+func (s *Signer) HealthCheck() healthz.HealthChecker {
+	return healthz.NamedCheck("podcert-waiting:"+s.cfg.SignerName, func(*http.Request) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.waiting) == 0 {
+			return nil
+		}
+		keys := slices.Sorted(maps.Keys(s.waiting))
+		named := make([]string, 0, maxWaitingNamed)
+		for _, k := range keys[:min(len(keys), maxWaitingNamed)] {
+			named = append(named, fmt.Sprintf("%s (%s)", k, s.waiting[k]))
+		}
+		more := ""
+		if len(keys) > maxWaitingNamed {
+			more = fmt.Sprintf(" and %d more", len(keys)-maxWaitingNamed)
+		}
+		return fmt.Errorf("signer %s: %d PodCertificateRequest(s) wait for the CA: %s%s", s.cfg.SignerName, len(keys), strings.Join(named, "; "), more)
+	})
+}
+
+// Waiting returns the open requests that wait for the CA, as
+// namespace/name, sorted.
+func (s *Signer) Waiting() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.waiting))
+}
+
 // caListener queues the requests waiting for the CA when it changes.
 type caListener struct{ s *Signer }
 
@@ -228,7 +279,7 @@ func (s *Signer) observe(obj any) {
 func (s *Signer) forget(k string, decided bool) {
 	s.mu.Lock()
 	delete(s.seen, k)
-	delete(s.waiting, k)
+	s.stopWaitingLocked(k)
 	delete(s.attempts, k)
 	delete(s.lastErr, k)
 	if decided {
@@ -334,7 +385,8 @@ func (s *Signer) sync(ctx context.Context, k string) (wait bool, err error) {
 	case errors.Is(err, dynamiccert.ErrNoSigningCA) || errors.As(err, &tooSoon):
 		s.mu.Lock()
 		_, already := s.waiting[k]
-		s.waiting[k] = struct{}{}
+		s.waiting[k] = err.Error()
+		certmetrics.PodCertificateWaiting(s.cfg.SignerName, len(s.waiting))
 		s.mu.Unlock()
 		if !already {
 			klog.FromContext(ctx).Info("PodCertificateRequest waits for the CA", "request", k, "signer", s.cfg.SignerName, "reason", err.Error())
@@ -344,7 +396,7 @@ func (s *Signer) sync(ctx context.Context, k string) (wait bool, err error) {
 		return s.failing(ctx, pcr, ReasonSigningFailed, fmt.Errorf("signing with %s: %w", s.cfg.CA.Name(), err))
 	}
 	s.mu.Lock()
-	delete(s.waiting, k)
+	s.stopWaitingLocked(k)
 	s.mu.Unlock()
 	st := condition(certificatesv1.PodCertificateRequestConditionTypeIssued, ReasonIssued,
 		fmt.Sprintf("issued by %s with CA %q (serial %s) for %s", s.cfg.SignerName, leaf.CA.Subject.CommonName,
@@ -536,7 +588,7 @@ func (s *Signer) finish(pcr *certificatesv1.PodCertificateRequest, st certificat
 		first = now
 	}
 	delete(s.seen, k)
-	delete(s.waiting, k)
+	s.stopWaitingLocked(k)
 	delete(s.attempts, k)
 	delete(s.lastErr, k)
 	s.finished[k] = struct{}{}

@@ -141,7 +141,7 @@ func PendingObservers(provider string, n int) {
 // all lists every evercert collector.
 func all() []metrics.Registerable {
 	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers,
-		podCertificateRequests, podCertificateDuration, caBundleVerified, caBundleUnverified}
+		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified}
 }
 
 // Gatherer gathers evercert's own metrics only. Gathering the whole

@@ -38,15 +38,30 @@ var (
 		Buckets:        metrics.ExponentialBuckets(0.005, 2, 17),
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"signer", "result"})
+
+	podCertificateWaiting = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      namespace,
+		Name:           "podcertificate_requests_waiting",
+		Help:           "Number of open PodCertificateRequests a signer replica cannot sign yet because its CA has not been read or ends too soon for the lifetime asked for (its successor waits to be observed), by signer name.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"signer"})
 )
 
 // PodCertificateSignerStarted makes every result series of signer exist at
-// 0, so alerts on increase() work from the start.
+// 0, so alerts on increase() work from the start, and its waiting gauge.
 func PodCertificateSignerStarted(signer string) {
 	Register()
 	for _, r := range podCertificateResults {
 		podCertificateRequests.WithLabelValues(signer, r).Add(0)
 	}
+	podCertificateWaiting.WithLabelValues(signer).Add(0)
+}
+
+// PodCertificateWaiting sets how many open requests to signer wait for the
+// CA on this replica.
+func PodCertificateWaiting(signer string, n int) {
+	Register()
+	podCertificateWaiting.WithLabelValues(signer).Set(float64(n))
 }
 
 // PodCertificateRequestDone records that a request to signer ended with

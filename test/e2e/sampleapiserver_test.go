@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -23,6 +24,8 @@ import (
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
@@ -174,6 +177,32 @@ func TestE2ESampleAPIServer(t *testing.T) {
 	ro.Features.EnablePriorityAndFairness = false
 	o.Serving = loopback.ApplyConfig{Loopback: loopback.CertificateConfig{Clock: fc}, Serving: serving}
 
+	// The in-memory serving CA is published into an APIService's caBundle
+	// (Options.APIService) and follows every CA rotation. The APIService is
+	// the deployer's; its Service does not exist, so the aggregator never
+	// routes to it and nothing else in the test depends on it.
+	aggregator, err := aggregatorclient.NewForConfig(adminCfg)
+	require.NoError(t, err)
+	const apiServiceName = "v1alpha1." + sampleapiserver.GroupName
+	port := int32(443)
+	_, err = aggregator.ApiregistrationV1().APIServices().Create(ctx, &apiregistrationv1.APIService{
+		ObjectMeta: metav1.ObjectMeta{Name: apiServiceName},
+		Spec: apiregistrationv1.APIServiceSpec{
+			Group: sampleapiserver.GroupName, Version: "v1alpha1", GroupPriorityMinimum: 1000, VersionPriority: 15,
+			Service: &apiregistrationv1.ServiceReference{Namespace: metav1.NamespaceDefault, Name: "evercert-sample-absent", Port: &port},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, aggregator.ApiregistrationV1().APIServices().Delete(context.Background(), apiServiceName, metav1.DeleteOptions{}))
+	})
+	o.APIService = apiServiceName
+	publishedBundle := func() []byte {
+		got, err := aggregator.ApiregistrationV1().APIServices().Get(ctx, apiServiceName, metav1.GetOptions{})
+		require.NoError(t, err)
+		return got.Spec.CABundle
+	}
+
 	cfg, err := o.Config()
 	require.NoError(t, err)
 	lb := cfg.Applied.Loopback
@@ -218,6 +247,8 @@ func TestE2ESampleAPIServer(t *testing.T) {
 		return err == nil && status == http.StatusOK
 	}, 60*time.Second, 100*time.Millisecond, "sample server ready")
 	require.True(t, ready, "last: %d %v\n%s", status, err, body)
+	assert.Contains(t, body, "[+]apiservice-ca-bundle ok")
+	assert.Equal(t, string(serving.CurrentCABundleContent()), string(publishedBundle()), "the APIService's caBundle is the serving CA bundle")
 	for _, path := range []string{"/healthz?verbose", "/livez?verbose"} {
 		status, body, err := client.get(ctx, path)
 		require.NoError(t, err)
@@ -281,6 +312,8 @@ func TestE2ESampleAPIServer(t *testing.T) {
 		assert.Equal(t, http.StatusOK, status, body)
 		assert.Equal(t, 1, strings.Count(body, "[+]"+loopback.HealthCheckName+" ok"), "%s:\n%s", path, body)
 	}
+	require.Eventually(t, func() bool { return bytes.Equal(publishedBundle(), serving.CurrentCABundleContent()) }, 60*time.Second, 10*time.Millisecond,
+		"after %d serving CA rotations the APIService's caBundle is the current serving CA bundle", len(servingCAs)-1)
 	list, err := client.flunders.Namespace(namespace).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	t.Logf("%d steps, fake clock advanced %v: %d loopback leaves (%d CAs), %d serving leaves (%d CAs); %d connections dropped; slowest informer catch-up %v",

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 
+	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -60,6 +61,14 @@ type Options struct {
 	// certificate (loopback.ApplyConfig). The zero value serves a
 	// self-signed certificate made and rotated in memory.
 	Serving loopback.ApplyConfig
+	// APIService, when set, names the APIService (e.g.
+	// "v1alpha1.sample.evercert.io") whose caBundle the server keeps equal
+	// to its serving CA bundle (a cabundle.Publisher, see
+	// loopback.Applied.Serving): the in-memory serving CA is written
+	// nowhere else. It needs RecommendedOptions.CoreAPI for a client, and a
+	// serving certificate with a CA bundle; otherwise Config fails rather
+	// than ignore it. Default "": nothing is published.
+	APIService string
 }
 
 // NewOptions returns the defaults: objects stored under
@@ -79,6 +88,9 @@ type Config struct {
 	// Applied holds the loopback and serving certificates that
 	// loopback.ApplyRecommendedOptions installed.
 	Applied *loopback.Applied
+	// Publisher keeps Options.APIService's caBundle equal to the serving
+	// CA bundle; nil without Options.APIService.
+	Publisher *cabundle.Publisher
 
 	// informers is the factory of the admission plugin's informer, built
 	// on the loopback client config; started by InformersHookName.
@@ -116,6 +128,15 @@ func (o *Options) Config() (*Config, error) {
 		return nil, err
 	}
 	c.Applied = applied
+	if o.APIService != "" {
+		client, err := newAPIServiceClient(gc)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.publishServingCA(o.APIService, client); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 

@@ -74,11 +74,17 @@ func New(opts *Options) (*Signer, error) {
 		KeyTypes: opts.KeyTypes, MaxLifetime: opts.MaxLifetime, Clock: opts.Clock,
 		EventRecorder: broadcaster.NewRecorder(scheme.Scheme, reportingController),
 	})
+	if errors.Is(err, podcert.ErrCANeverCoversMinLifetime) {
+		cfg := authority.Config()
+		return nil, fmt.Errorf("--ca-validity %v, --ca-renew-before %v, --ca-propagation-delay %v (0 means their defaults; these are the values in effect): %w",
+			cfg.CALifetime, cfg.CARenewBefore, cfg.PropagationDelay, err)
+	}
 	if err != nil {
 		return nil, err
 	}
 	s := &Signer{opts: opts, serving: serving, authority: authority, signer: signer, broadcaster: broadcaster, ready: make(chan struct{})}
-	checks := []healthz.HealthChecker{}
+	// A request that waits for the CA fails readiness, naming it.
+	checks := []healthz.HealthChecker{signer.HealthCheck()}
 	if opts.ClusterTrustBundle != "" {
 		// The bundle pods and webhooks trust, kept through rotations; an
 		// observer of the Authority, so a successor CA signs only once the
