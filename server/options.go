@@ -54,7 +54,9 @@ type Options struct {
 	// --tls-sni-cert-key cert,key[:name1,name2], repeatable.
 	SNICertKeys []cliflag.NamedCertKey
 	// ClientCAFile, when set, makes the server verify client certificates
-	// signed by these CAs. Flag --client-ca-file.
+	// signed by these CAs. It must load at start-up (Serving.RunOnce fails
+	// otherwise); a later bad write keeps the last good bundle. Flag
+	// --client-ca-file.
 	ClientCAFile string
 	// MinTLSVersion is a crypto/tls version name. Flag --tls-min-version,
 	// default VersionTLS12.
