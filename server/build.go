@@ -37,8 +37,9 @@ type Serving struct {
 	// it (the self-signed default); nil otherwise.
 	TrustBundle dynamiccertificates.CAContentProvider
 
-	runners    []dynamiccertificates.ControllerRunner
-	bundleFile *bundleFileWriter // nil without --ca-bundle-file
+	runners      []dynamiccertificates.ControllerRunner
+	bundleFile   *bundleFileWriter   // nil without --ca-bundle-file
+	clientCAFile *dynamiccert.FileCA // nil without --client-ca-file
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -119,7 +120,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		if err != nil {
 			return nil, fmt.Errorf("--client-ca-file: %w", err)
 		}
-		s.ClientCA = p
+		s.ClientCA, s.clientCAFile = p, p
 		s.runners = append(s.runners, p)
 	}
 	for _, p := range extraSNI {
@@ -188,13 +189,23 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 }
 
 // RunOnce loads every source once and builds the first snapshot. It fails
-// if nothing can be served, or if --ca-bundle-file cannot be written. A
-// source that fails alone (a file that does not exist yet) is logged and
-// retried by Run. Call it before Run when start-up must fail fast; Serve
-// does.
+// if nothing can be served, if --client-ca-file cannot be loaded (a missing
+// file, a directory, content that is not a PEM CA bundle: no client
+// certificate could ever be verified, so the server must not start as if
+// it could; the error names the flag and the file), or if --ca-bundle-file
+// cannot be written. Another source that fails alone (an SNI file that does
+// not exist yet) is logged and retried by Run. Call it before Run when
+// start-up must fail fast; Serve does.
 func (s *Serving) RunOnce(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	for _, r := range s.runners {
+		if r == s.clientCAFile {
+			if err := r.RunOnce(ctx); err != nil {
+				// The error names the file; the provider has counted it.
+				return fmt.Errorf("--client-ca-file: %w", err)
+			}
+			continue
+		}
 		if err := r.RunOnce(ctx); err != nil {
 			// A file that is missing now may appear later; the controller
 			// decides below whether anything at all can be served.

@@ -28,9 +28,10 @@
 // # Start-up errors
 //
 // Serve returns start-up errors at once instead of serving nothing: no
-// certificate, an unwritable --ca-bundle-file, a port in use ("listening on
-// HOST:PORT: ..."), or a TLS configuration net/http refuses ("serving on
-// HOST:PORT: ..."). Options.Validate already refuses what it can: HTTP/2 is
+// certificate, an unloadable --client-ca-file, an unwritable
+// --ca-bundle-file, a port in use ("listening on HOST:PORT: ..."), or a TLS
+// configuration net/http refuses ("serving on HOST:PORT: ...").
+// Options.Validate already refuses what it can: HTTP/2 is
 // always served, so below TLS 1.3 a --tls-cipher-suites list must contain
 // TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 or
 // TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, as net/http's HTTP/2 server
@@ -47,6 +48,11 @@
 //     not /livez: an expired certificate from a file or a Secret comes back
 //     unchanged after a restart, so on /livez it would only restart-loop
 //     the pod.
+//   - client-ca, with --client-ca-file (fails while no client CA bundle is
+//     loaded, or when every CA of it has expired), is on /readyz and
+//     /healthz too. The file must load at start-up (Serve fails, naming
+//     the flag and the file); a later bad write keeps the last good bundle
+//     and is counted, not failed (see ClientCACheck).
 //   - a caller's liveness checks (InstallHandlers' checks, or
 //     HealthChecks.Liveness) are on all three.
 //   - a caller's readiness checks (HealthChecks.Readiness, through

@@ -54,7 +54,9 @@ type Options struct {
 	// --tls-sni-cert-key cert,key[:name1,name2], repeatable.
 	SNICertKeys []cliflag.NamedCertKey
 	// ClientCAFile, when set, makes the server verify client certificates
-	// signed by these CAs. Flag --client-ca-file.
+	// signed by these CAs. It must load at start-up (Serving.RunOnce fails
+	// otherwise); a later bad write keeps the last good bundle. Flag
+	// --client-ca-file.
 	ClientCAFile string
 	// MinTLSVersion is a crypto/tls version name. Flag --tls-min-version,
 	// default VersionTLS12.
@@ -128,7 +130,9 @@ type Options struct {
 	// real clock. Tests inject a fake one.
 	Clock clock.WithTicker
 	// ShutdownTimeout bounds how long in-flight requests may take to finish
-	// once the server is asked to stop. Not a flag; default 10s.
+	// once the server is asked to stop; connections still open then are
+	// closed, with a warning naming them, and Serve returns nil. It must be
+	// positive. Flag --shutdown-timeout, default 10s.
 	ShutdownTimeout time.Duration
 }
 
@@ -176,6 +180,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CABundleFile, "ca-bundle-file", o.CABundleFile, "If set, the CA bundle clients should trust is written here (0644, atomically) and rewritten at every rotation.")
 	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "namespace/name of a Secret whose tls.crt and tls.key are the default certificate, followed by a watch (RBAC: get, list, watch on that Secret).")
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "namespace/name of a Secret that holds a CA shared by every replica (created if missing); each replica serves its own leaf for --self-signed-hosts signed by it.")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "How long in-flight requests may take to finish after SIGTERM. Connections still open then (a slow request, a client that does not read its response, a stalled handshake) are closed, a warning names them, and the server exits 0. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file for --tls-secret and --ca-secret; empty means the in-cluster config.")
 }
 
@@ -188,6 +193,9 @@ func (o *Options) Validate() []error {
 	}
 	if o.SecurePort < 0 || o.SecurePort > 65535 {
 		errs = append(errs, fmt.Errorf("--secure-port: %d must be between 0 and 65535", o.SecurePort))
+	}
+	if o.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout: %v must be positive", o.ShutdownTimeout))
 	}
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file: both or neither must be set"))

@@ -82,6 +82,8 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"--ca-secret=ns/"}, "--ca-secret"},
 		{[]string{"--tls-secret=a/b", "--ca-secret=a/c"}, "--ca-secret, --tls-secret"},
 		{[]string{"--kubeconfig=kc"}, "--kubeconfig"},
+		{[]string{"--shutdown-timeout=0s"}, "--shutdown-timeout"},
+		{[]string{"--shutdown-timeout=-1s"}, "--shutdown-timeout"},
 		{[]string{"--self-signed-key-types=ecdsa-p256,dsa-1024"}, "--self-signed-key-types"},
 		{[]string{"--self-signed-key-types=rsa-2048,RSA-2048"}, "--self-signed-key-types"},
 		{[]string{"--self-signed-key-types="}, "--self-signed-key-types"},

@@ -19,8 +19,9 @@ import (
 // returns nil.
 //
 // When ctx ends it stops accepting connections, gives in-flight requests up
-// to Options.ShutdownTimeout to finish, closes what is left, and returns nil
-// after a clean shutdown. When start-up fails it returns at once: the error
+// to Options.ShutdownTimeout to finish, closes what is left, and returns
+// nil: connections cut at the timeout are named in a warning (their count,
+// remote addresses and net/http states), not returned as an error. When start-up fails it returns at once: the error
 // of RunOnce (no certificate, an unwritable --ca-bundle-file), of the listen
 // ("listening on HOST:PORT: ..."), or of http.Server.ServeTLS ("serving on
 // HOST:PORT: ..."). In every case the goroutines Serve started, Run's
@@ -56,11 +57,13 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	s.setAddr(ln.Addr())
 	logger.Info("serving on https://"+ln.Addr().String(), "address", ln.Addr().String())
 
+	conns := &connTracker{}
 	srv := &http.Server{
 		Handler:           handler,
 		TLSConfig:         s.Controller.TLSConfig(),
 		ReadHeaderTimeout: 32 * time.Second,
 		ErrorLog:          newHTTPErrorLog(logger),
+		ConnState:         conns.hook,
 	}
 	served := make(chan error, 1)
 	// ServeTLS, unlike Serve on a tls.Listener, also sets up HTTP/2.
@@ -74,11 +77,11 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	if serveErr != nil {
 		// Whatever connections are still open get the graceful treatment
 		// too; after a set-up failure there are none.
-		_ = s.shutdown(srv)
+		_ = s.shutdown(logger, srv, conns)
 		return serveErr
 	}
 	logger.Info("Shutting down; waiting for in-flight requests", "timeout", s.opts.ShutdownTimeout)
-	err = s.shutdown(srv)
+	err = s.shutdown(logger, srv, conns)
 	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
@@ -88,17 +91,29 @@ func (s *Serving) Serve(ctx context.Context, handler http.Handler) error {
 	return nil
 }
 
-// shutdown stops srv gracefully within ShutdownTimeout, then closes any
-// connection still open so that no request outlives Serve's caller for
-// long.
-func (s *Serving) shutdown(srv *http.Server) error {
+// shutdown stops srv gracefully within ShutdownTimeout, then closes every
+// connection still open, so that no request outlives Serve's caller for
+// long, and logs a warning naming them. Cutting them is not an error: the
+// timeout is the bound the operator chose. What can hold a graceful
+// shutdown that long (see http.Server.Shutdown): a request still running
+// or an HTTP/2 stream whose client does not read the response (active); an
+// HTTP/2 connection whose client never sent its preface, which net/http
+// keeps for up to 10 s; a TLS handshake or first request not finished, for
+// up to 5 s (new). It returns the error of closing the listeners, if any.
+func (s *Serving) shutdown(logger klog.Logger, srv *http.Server, conns *connTracker) error {
 	ctx, stop := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 	defer stop()
 	err := srv.Shutdown(ctx)
-	if err != nil {
-		err = errors.Join(err, srv.Close())
+	if err == nil {
+		return nil
 	}
-	return err
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return errors.Join(err, srv.Close())
+	}
+	cut := conns.open()
+	closeErr := srv.Close()
+	logger.Info("Warning: connections still open after --shutdown-timeout were closed", "timeout", s.opts.ShutdownTimeout, "count", len(cut), "connections", cut)
+	return closeErr
 }
 
 // Addr returns the address the server listens on once Listening is closed.

@@ -3,7 +3,9 @@ package main
 import (
 	"crypto/tls"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
@@ -61,4 +63,27 @@ func TestExampleServerHelpOffersNoInsecureSuite(t *testing.T) {
 	assert.Empty(t, offered, "--help offers suites Validate always refuses")
 	assert.NotContains(t, out, "RC4")
 	assert.NotContains(t, out, "3DES")
+}
+
+// TestExampleServerRefusesUnloadableClientCA: a --client-ca-file that is
+// missing, a directory or not a CA bundle is a start-up error naming the
+// flag and the file: the server exits non-zero without listening, instead
+// of starting and reporting ready while every client certificate fails.
+func TestExampleServerRefusesUnloadableClientCA(t *testing.T) {
+	bin := proctest.Build(t, "github.com/evercert/evercert/example/server")
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.crt")
+	require.NoError(t, os.WriteFile(garbage, []byte("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"), 0o600))
+	for name, path := range map[string]string{
+		"missing":   filepath.Join(dir, "missing.crt"),
+		"directory": dir,
+		"garbage":   garbage,
+	} {
+		t.Run(name, func(t *testing.T) {
+			code, out := runToExit(t, bin, "--secure-port=0", "--client-ca-file="+path)
+			assert.NotZero(t, code, out)
+			assert.Regexp(t, `Server failed.*--client-ca-file: .*`+regexp.QuoteMeta(path), out, "the error names the flag and the file")
+			assert.NotContains(t, out, "serving on https://", "no listener was opened")
+		})
+	}
 }

@@ -161,6 +161,33 @@ func Start(t testing.TB, bin string, ready *regexp.Regexp, args ...string) (*Pro
 	return p, ""
 }
 
+// Terminate sends SIGTERM and waits, for at most ExitGuard (a hang guard,
+// not a timed assertion), for the process to exit. It returns the exit
+// code; the test fails if the process is still running then. The cleanup
+// of Start then finds the process exited, and fails the test if the code
+// was not 0.
+func (p *Process) Terminate(t testing.TB) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM to pid %d: %v", p.Pid(), err)
+	}
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("waiting for pid %d: %v", p.Pid(), err)
+		}
+		return 0
+	case <-time.After(ExitGuard):
+		t.Fatalf("pid %d still running %v after SIGTERM", p.Pid(), ExitGuard)
+		return -1
+	}
+}
+
 // ExitGuard is how long RunToExit lets a process run that should exit by
 // itself (a start-up error, --help): generous, it only guards against a
 // hang.

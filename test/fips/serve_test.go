@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/tlstest"
 )
 
 // TestFIPSBuild: the binary under test is a GOFIPS140=latest build, whose
@@ -97,7 +98,8 @@ func TestFIPSSelfSignedDefault(t *testing.T) {
 // CA): each name serves its certificate with only approved parameters; a
 // client certificate from that CA is accepted (mTLS), one from another CA
 // is refused, and so is an RSA-1024 one from the trusted CA (Go's FIPS
-// mode refuses the chain).
+// mode refuses the chain). Last, SIGTERM with an HTTP/2 request that cannot
+// finish: the server cuts it at --shutdown-timeout, names it, and exits 0.
 func TestFIPSFilesSNIAndClientCA(t *testing.T) {
 	t.Parallel()
 	requireSSLScan(t)
@@ -198,5 +200,20 @@ func TestFIPSFilesSNIAndClientCA(t *testing.T) {
 		assert.Error(t, err, "RSA-1024 client certificate accepted in FIPS mode")
 		assert.True(t, srv.waitForOutput("tls: no FIPS compatible certificate chains found"),
 			"the server did not log that it refused the RSA-1024 client chain for FIPS (see its log)")
+	})
+
+	// SIGTERM with a request in flight that cannot finish (an HTTP/2
+	// client that stopped reading, as a client on a loaded machine may):
+	// the server cuts it at --shutdown-timeout, names it, and exits 0. Once
+	// this made the server exit 1 with "shutting down: context deadline
+	// exceeded"; now it is opened on purpose, so every run takes that path.
+	t.Run("shutdown", func(t *testing.T) {
+		stalled, err := tlstest.StalledHTTP2Request(srv.Addr, &tls.Config{RootCAs: roots, ServerName: "localhost"}, "/healthz")
+		require.NoError(t, err)
+		defer stalled.Close()
+		srv.stop(t) // fails the test unless the server exits 0
+		m := shutdownWarning.FindStringSubmatch(srv.Output())
+		require.NotNil(t, m, "no warning naming the connections the shutdown cut:\n%s", srv.Output())
+		assert.Contains(t, m[1], stalled.LocalAddr().String()+" (active, h2 for ", "the warning names the stalled HTTP/2 request")
 	})
 }
