@@ -120,11 +120,7 @@ type replicaSet struct {
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration time.Duration, clk clock.WithTicker) *replicaSet {
-	name := authority + "-" + id
-	if len(name) > validation.DNS1123SubdomainMaxLength {
-		sum := sha256.Sum256([]byte(name))
-		name = name[:validation.DNS1123SubdomainMaxLength-17] + "-" + hex.EncodeToString(sum[:8])
-	}
+	name := replicaLeaseName(authority, id)
 	reportName := providerName + "/replica-announcement"
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
@@ -433,6 +429,37 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
 		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation])}
 	return prev == nil || !slices.Equal(prev.trusted, trusted)
+}
+
+// replicaLeaseName is the name of the Lease replica id of the Authority of
+// Secret authority announces itself in: "<authority>-<id>", cut and made a
+// valid DNS-1123 label for readability, then "-" and 16 hex digits of the
+// SHA-256 of the pair. The hash makes the name injective: without it,
+// Secret "a" with replica "b-c" and Secret "a-b" with replica "c" both
+// wrote Lease "a-b-c" and overwrote each other's announcements. The name
+// is at most 63 characters.
+//
+// Versions before the hash named the Lease "<authority>-<id>". Leases
+// under those names keep the Authority's label, so replicas of either
+// version still read them as announcements during a rolling upgrade; once
+// an old replica stops renewing its Lease, that Lease stops counting as
+// live after its duration and is deleted like any replica's that is gone
+// (see collect).
+func replicaLeaseName(authority, id string) string {
+	sum := sha256.Sum256([]byte(authority + "\x00" + id))
+	suffix := "-" + hex.EncodeToString(sum[:8])
+	readable := []byte(strings.ToLower(authority + "-" + id))
+	for i, c := range readable {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			readable[i] = '-'
+		}
+	}
+	prefix := string(readable[:min(len(readable), validation.DNS1123LabelMaxLength-len(suffix))])
+	prefix = strings.TrimRight(strings.TrimLeft(prefix, "-"), "-")
+	if prefix == "" {
+		prefix = "replica"
+	}
+	return prefix + suffix
 }
 
 // defaultReplicaID names this process: the host name (the pod name in a
