@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -207,6 +208,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	store := &secretStore{cfg: &cfg, src: src}
 	a := &Authority{cfg: cfg, store: store}
+	store.judge = a.clockSkew
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
@@ -218,7 +220,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	if !cfg.DisableReplicaAnnouncements {
-		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.Clock)
+		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 	}
 	src.process = func(*corev1.Secret) error {
 		src.report.succeeded() // an event arrived: the watch works
@@ -311,6 +313,9 @@ type secretStore struct {
 	waiting   errlog.Once // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
+	// judge, when set, says why this replica's clock must not change the
+	// state as read (Authority.clockSkew); "" when it may.
+	judge func(st *caSet, now time.Time) string
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -357,6 +362,12 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
 	now := s.cfg.Clock.Now()
+	var skew string
+	if s.judge != nil {
+		// Judged on the Secret as written, before this replica fills in
+		// what it lacks (an unknown publication time) from its own clock.
+		skew = s.judge(st, now)
+	}
 	if st.next != nil {
 		// The minimum delay runs from when this replica first saw the
 		// successor, on its own clock.
@@ -368,6 +379,14 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 			st.nextSince = st.seenSince // publication time unknown
 		}
 	}
+	if skew != "" {
+		// This clock is the suspect: nothing is restored, decided or
+		// written; the state as read is what the replica serves.
+		last := st.clone()
+		s.last = &last
+		return st, &clockSkewError{reason: skew}
+	}
+	certmetrics.ClockSkew(s.cfg.Name, false)
 	restored := s.restore(st, exists, now)
 	changed, err := decide(st)
 	if err != nil {
