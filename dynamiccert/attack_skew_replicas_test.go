@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -77,13 +78,28 @@ type skewWorld struct {
 
 func newSkewWorld(t *testing.T, offset time.Duration) *skewWorld {
 	t.Helper()
+	return newSkewWorldClock(t, func(base *clocktesting.FakeClock) clock.WithTicker { return offsetClock{base, offset} })
+}
+
+// jumpClock is the shared fake clock shifted by an offset that the test
+// changes: a clock that jumps.
+type jumpClock struct {
+	*clocktesting.FakeClock
+	offset *atomic.Int64
+}
+
+func (c jumpClock) Now() time.Time                  { return c.FakeClock.Now().Add(time.Duration(c.offset.Load())) }
+func (c jumpClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+func newSkewWorldClock(t *testing.T, skewedClock func(*clocktesting.FakeClock) clock.WithTicker) *skewWorld {
+	t.Helper()
 	w := &skewWorld{client: fake.NewClientset(), base: clocktesting.NewFakeClock(testNow), recorder: certreporttest.NewRecorder()}
 	optimistic(w.client)
 	w.secretWritesN = secretWrites(w.client)
-	start := func(id string, client kubernetes.Interface, offset time.Duration) *Authority {
+	start := func(id string, client kubernetes.Interface, clk clock.WithTicker) *Authority {
 		cfg := AuthorityConfig{
 			Name: t.Name() + "/" + id, Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: id,
-			Hosts: []string{"localhost"}, Clock: offsetClock{w.base, offset},
+			Hosts: []string{"localhost"}, Clock: clk,
 		}
 		if id == "skewed" {
 			cfg.EventRecorder, cfg.EventObject = w.recorder, certreporttest.Pod
@@ -94,12 +110,12 @@ func newSkewWorld(t *testing.T, offset time.Duration) *skewWorld {
 		w.loops += 2 // the issuer's and the Lease loop's timers
 		return a
 	}
-	w.healthy = append(w.healthy, start("healthy-0", w.client, 0))
+	w.healthy = append(w.healthy, start("healthy-0", w.client, w.base))
 	waitFor(t, "the first CA", func() bool { return w.healthy[0].Leaf() != nil })
-	w.healthy = append(w.healthy, start("healthy-1", w.client, 0))
+	w.healthy = append(w.healthy, start("healthy-1", w.client, w.base))
 	waitFor(t, "the second healthy replica's leaf", func() bool { return w.healthy[1].Leaf() != nil })
 	w.firstCA = w.secret(t).Data[corev1.TLSCertKey]
-	w.skewed = start("skewed", writeCountingClient{w.client, &w.skewedWrites}, offset)
+	w.skewed = start("skewed", writeCountingClient{w.client, &w.skewedWrites}, skewedClock(w.base))
 	// Every replica has seen the others' Leases (the informers run on
 	// real time).
 	for _, a := range append(slices.Clone(w.healthy), w.skewed) {
@@ -226,4 +242,24 @@ func TestAttackSkewLeadingReplicaWaitsForPeers(t *testing.T) {
 			w.checkSkewReported(t, "ahead")
 		})
 	}
+}
+
+// TestAttackSkewJumpKeepsLastLeaf: a replica that served a leaf like the
+// others has its clock jump five days ahead, past its leaf's renewal time. It must not write the Secret,
+// must keep serving the leaf it had (still valid for the clients, whose
+// clocks are right) rather than one dated by its clock, and must say why.
+func TestAttackSkewJumpKeepsLastLeaf(t *testing.T) {
+	var offset atomic.Int64
+	w := newSkewWorldClock(t, func(base *clocktesting.FakeClock) clock.WithTicker { return jumpClock{base, &offset} })
+	waitFor(t, "the third replica's leaf", func() bool { return w.skewed.Leaf() != nil })
+	w.settle(t)
+	leaf := w.skewed.Leaf()
+	offset.Store(int64(5 * day)) // past the leaf's renewal time on this clock
+	w.step(t, 3*time.Minute)     // renewals: the others see the jump
+	assert.Zero(t, w.skewedWrites.Load(), "Secret writes after the clock jumped")
+	assert.True(t, leaf.Equal(w.skewed.Leaf()), "the leaf it served before the jump")
+	bundle := w.secret(t).Data[SecretCAKey]
+	assert.NoError(t, handshakeWith(t, w.skewed, bundle, w.base.Now), "a client with the right time still accepts its leaf")
+	w.checkSkewReported(t, "ahead")
+	w.checkHealthy(t)
 }

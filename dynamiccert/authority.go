@@ -84,7 +84,9 @@ type AuthorityConfig struct {
 	PropagationDelay time.Duration
 	// SkewTolerance is the clock skew tolerated between replicas and
 	// clients. Default one hour, or RenewBefore/4 when shorter. See
-	// SelfSignedConfig.SkewTolerance.
+	// SelfSignedConfig.SkewTolerance. A replica whose clock disagrees
+	// beyond it with the Secret or with most live replicas does not write
+	// the Secret (see Status().ClockSkew and the package documentation).
 	SkewTolerance time.Duration
 	// CheckInterval bounds the time between wall-clock checks. Default one
 	// minute, or Lifetime/10 when shorter.
@@ -105,8 +107,9 @@ type AuthorityConfig struct {
 	// EventRecorder receives, about EventObject, a Normal
 	// CertificateRotated Event for every new leaf of this replica, a Warning
 	// CertificateLoadFailed Event for every distinct failure to read or
-	// write the CA state, and a Warning UnsafeCARotation Event on an unsafe
-	// rotation. Optional.
+	// write the CA state, a Warning UnsafeCARotation Event on an unsafe
+	// rotation, and a Warning ClockSkew Event when this replica's clock
+	// starts to disagree with the Secret or the other replicas. Optional.
 	EventRecorder events.EventRecorder
 	// EventObject is the object the Events are about, e.g. this replica's
 	// Pod. Default the CA Secret.
@@ -172,9 +175,13 @@ func (c *AuthorityConfig) complete() error {
 // a write conflict means re-read and decide again, not an error. A replica
 // never replaces a CA that is valid within the skew tolerance, so replicas
 // whose clocks disagree by up to SkewTolerance do not undo each other's
-// writes. A replica that finds the Secret deleted, or rolled back to older
-// content (an etcd restore), writes back the CAs it knows instead of
-// starting a new CA that no client trusts.
+// writes. Beyond the tolerance, one replica's clock never decides alone: a
+// replica whose clock disagrees with the Secret (a CA not yet valid on it)
+// or with most live replicas' Lease renewals writes nothing, issues no leaf
+// and fails its readiness (Status().ClockSkew, RotationCheck), and only a
+// CA expired for most live replicas is replaced. A replica that finds the
+// Secret deleted, or rolled back to older content (an etcd restore), writes
+// back the CAs it knows instead of starting a new CA that no client trusts.
 //
 // Authority implements dynamiccertificates.SNICertKeyContentProvider (the
 // leaf), CAContentProvider (ca.crt) and ControllerRunner. It is safe for
@@ -315,7 +322,7 @@ type secretStore struct {
 	lastWrite string // resourceVersion of our last write, for logs
 	// judge, when set, says why this replica's clock must not change the
 	// state as read (Authority.clockSkew); "" when it may.
-	judge func(st *caSet, now time.Time) string
+	judge func(st *caSet, now time.Time) (reason string, waiting bool)
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -363,10 +370,11 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 	}
 	now := s.cfg.Clock.Now()
 	var skew string
+	var waiting bool
 	if s.judge != nil {
 		// Judged on the Secret as written, before this replica fills in
 		// what it lacks (an unknown publication time) from its own clock.
-		skew = s.judge(st, now)
+		skew, waiting = s.judge(st, now)
 	}
 	if st.next != nil {
 		// The minimum delay runs from when this replica first saw the
@@ -384,7 +392,7 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 		// written; the state as read is what the replica serves.
 		last := st.clone()
 		s.last = &last
-		return st, &clockSkewError{reason: skew}
+		return st, &clockSkewError{reason: skew, waiting: waiting}
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
 	restored := s.restore(st, exists, now)

@@ -16,7 +16,12 @@ import (
 // clockSkewError is what the Authority's Secret store returns, together with
 // the Secret's state as read, when this replica's clock is the suspect: it
 // must not write the Secret. It is not a load error.
-type clockSkewError struct{ reason string }
+type clockSkewError struct {
+	reason string
+	// waiting: not a skew found but evidence to wait for (after a pause);
+	// the replica holds without reporting a skew.
+	waiting bool
+}
 
 func (e *clockSkewError) Error() string { return "clock skew: " + e.reason }
 
@@ -25,7 +30,8 @@ func (e *clockSkewError) Error() string { return "clock skew: " + e.reason }
 //
 // Every rule rests on evidence other than this one clock, so a single
 // replica whose clock lags or leads can never replace, or write over, the
-// CA that every replica's clients trust:
+// CA that every replica's clients trust. waiting reports a reason that is
+// no skew found, only evidence still to come (after a pause):
 //
 //   - The Secret: a CA in it that is not yet valid here beyond the skew
 //     tolerance, or a successor published (by the publisher's clock) beyond
@@ -40,6 +46,10 @@ func (e *clockSkewError) Error() string { return "clock skew: " + e.reason }
 //     seen) or by their own word (they list this replica in
 //     AuthorityClocksAheadAnnotation, from the same lower bound seen from
 //     their side), this clock leads.
+//   - A pause, or a jump of this clock: when this process stopped watching
+//     for longer than the tolerance, the renewals it saw before say nothing
+//     about its clock now. It waits until every live replica's next
+//     renewal is seen (at most a third of a lease duration).
 //   - An expired signing CA: only a CA that has expired for more than half
 //     of the live replicas, counting this one, may be replaced (or its
 //     successor promoted unobserved). A live replica counts when its
@@ -50,7 +60,7 @@ func (e *clockSkewError) Error() string { return "clock skew: " + e.reason }
 // evidence. With two replicas whose clocks disagree, neither is a majority:
 // the Secret decides, and an expired CA is not replaced until the clocks
 // agree again.
-func (a *Authority) clockSkew(st *caSet, now time.Time) string {
+func (a *Authority) clockSkew(st *caSet, now time.Time) (reason string, waiting bool) {
 	tol := a.cfg.SkewTolerance
 	for _, c := range []struct {
 		what string
@@ -58,25 +68,28 @@ func (a *Authority) clockSkew(st *caSet, now time.Time) string {
 	}{{"signing CA", st.signing}, {"successor CA", st.next}} {
 		if c.ca != nil && now.Add(tol).Before(c.ca.Cert.NotBefore) {
 			return fmt.Sprintf("the %s %q in the Secret is not valid before %s, more than the skew tolerance %v after this replica's clock (%s): this clock is behind",
-				c.what, c.ca.Cert.Subject.CommonName, c.ca.Cert.NotBefore.UTC().Format(time.RFC3339), tol, now.UTC().Format(time.RFC3339))
+				c.what, c.ca.Cert.Subject.CommonName, c.ca.Cert.NotBefore.UTC().Format(time.RFC3339), tol, now.UTC().Format(time.RFC3339)), false
 		}
 	}
 	if !st.nextSince.IsZero() && now.Add(tol).Before(st.nextSince) {
 		return fmt.Sprintf("the successor CA in the Secret was published at %s on its publisher's clock, more than the skew tolerance %v after this replica's clock (%s): this clock is behind",
-			st.nextSince.UTC().Format(time.RFC3339), tol, now.UTC().Format(time.RFC3339))
+			st.nextSince.UTC().Format(time.RFC3339), tol, now.UTC().Format(time.RFC3339)), false
 	}
 	if a.replicas == nil {
-		return ""
+		return "", false
 	}
 	v := a.replicas.clocks(now)
 	all := v.live + 1
 	switch {
+	case len(v.stale) > 0:
+		return fmt.Sprintf("this replica stopped watching the other replicas for longer than the skew tolerance %v (a pause, or its clock jumped); it waits for the next Lease renewals of %s to tell whether its clock agrees",
+			tol, strings.Join(v.stale, ", ")), true
 	case 2*len(v.ahead) > all:
 		return fmt.Sprintf("the Lease renewals of %d of the %d live replicas (%s) are ahead of this replica's clock by more than the skew tolerance %v: this clock is behind",
-			len(v.ahead), all, strings.Join(v.ahead, ", "), tol)
+			len(v.ahead), all, strings.Join(v.ahead, ", "), tol), false
 	case 2*len(v.behind) > all:
 		return fmt.Sprintf("%d of the %d live replicas (%s) are behind this replica's clock by more than the skew tolerance %v, by their Lease renewals: this clock is ahead",
-			len(v.behind), all, strings.Join(v.behind, ", "), tol)
+			len(v.behind), all, strings.Join(v.behind, ", "), tol), false
 	}
 	if st.signing != nil && !now.Before(st.signing.Cert.NotAfter) {
 		past := 1 // this replica
@@ -87,10 +100,10 @@ func (a *Authority) clockSkew(st *caSet, now time.Time) string {
 		}
 		if 2*past <= all {
 			return fmt.Sprintf("the signing CA %q expired at %s on this replica's clock, but only %d of the %d live replicas' clocks are past that by their Lease renewals",
-				st.signing.Cert.Subject.CommonName, st.signing.Cert.NotAfter.UTC().Format(time.RFC3339), past, all)
+				st.signing.Cert.Subject.CommonName, st.signing.Cert.NotAfter.UTC().Format(time.RFC3339), past, all), false
 		}
 	}
-	return ""
+	return "", false
 }
 
 // holdForSkew is the check of a replica whose clock is the suspect (see
@@ -101,11 +114,17 @@ func (a *Authority) clockSkew(st *caSet, now time.Time) string {
 // it has. Its readiness (RotationCheck) fails naming the skew; the episode
 // is counted in evercert_clock_skew_total, logged and sent as a Warning
 // Event once, when it starts.
-func (i *issuer) holdForSkew(st *caSet, now time.Time, reason string) {
-	i.mu.Lock()
-	started := i.skew == ""
-	i.skew = reason
-	i.mu.Unlock()
+func (i *issuer) holdForSkew(st *caSet, now time.Time, reason string, waiting bool) {
+	started := false
+	if waiting {
+		// No skew found: evidence to wait for, briefly, after a pause.
+		klog.Background().V(2).Info("Not writing the CA secret until the other replicas' clocks are known again", "provider", i.cfg.name, "detail", reason)
+	} else {
+		i.mu.Lock()
+		started = i.skew == ""
+		i.skew = reason
+		i.mu.Unlock()
+	}
 	if started {
 		certmetrics.ClockSkew(i.cfg.name, true)
 		klog.Background().Error(nil, "Clock skew: this replica does not write the CA secret and issues no leaf until its clock agrees again",

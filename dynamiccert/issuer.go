@@ -240,7 +240,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		i.keepServing(now)
 		return 0, err // a busy Secret: retried with backoff, not a load error
 	case errors.As(err, &skew):
-		i.holdForSkew(st, now, skew.reason)
+		i.holdForSkew(st, now, skew.reason, skew.waiting)
 		// Not a failure: looked at again every check interval, and at
 		// once when the Secret or a Lease changes.
 		i.report.succeeded()

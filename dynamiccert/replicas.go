@@ -96,6 +96,11 @@ type seenLease struct {
 	// duration) while the replica is live, it is too low.
 	delta    time.Duration
 	hasDelta bool
+	// stale: this process stopped watching for longer than the skew
+	// tolerance since it saw the renewal (it was paused, or its clock
+	// jumped): delta no longer compares the clocks as they are now, until
+	// the next renewal is seen.
+	stale bool
 	// clocksAhead are the replica IDs its announcement says are ahead of
 	// its own clock (AuthorityClocksAheadAnnotation).
 	clocksAhead []string
@@ -267,6 +272,7 @@ func (r *replicaSet) catchUpLocked(now time.Time) {
 	if unseen := r.unseenLocked(now); unseen > 0 {
 		for _, l := range r.seen {
 			l.observedAt = earliest(l.observedAt.Add(unseen), now)
+			l.stale = l.stale || unseen > r.skew
 		}
 	}
 }
@@ -481,6 +487,11 @@ type peerClocks struct {
 	ahead, behind []string
 	// deltas are the live replicas' deltas (see seenLease.delta).
 	deltas []time.Duration
+	// stale are the live replicas whose last renewal was seen before this
+	// process stopped watching for longer than the tolerance (a pause, or
+	// a jump of its clock): until their next renewal, nothing tells
+	// whether this clock still agrees with theirs.
+	stale []string
 }
 
 // clockClass is 1 when l's clock is ahead of ours beyond the tolerance, -1
@@ -514,6 +525,10 @@ func (r *replicaSet) clocksLocked(now time.Time) peerClocks {
 			continue
 		}
 		v.live++
+		if l.stale || unseen > r.skew {
+			v.stale = append(v.stale, l.holder)
+			continue
+		}
 		if l.hasDelta {
 			v.deltas = append(v.deltas, l.delta)
 		}
@@ -526,6 +541,7 @@ func (r *replicaSet) clocksLocked(now time.Time) peerClocks {
 	}
 	slices.Sort(v.ahead)
 	slices.Sort(v.behind)
+	slices.Sort(v.stale)
 	return v
 }
 
