@@ -245,9 +245,10 @@ func TestAttackSkewLeadingReplicaWaitsForPeers(t *testing.T) {
 }
 
 // TestAttackSkewJumpKeepsLastLeaf: a replica that served a leaf like the
-// others has its clock jump five days ahead, past its leaf's renewal time. It must not write the Secret,
-// must keep serving the leaf it had (still valid for the clients, whose
-// clocks are right) rather than one dated by its clock, and must say why.
+// others has its clock jump five days ahead, past its leaf's renewal time.
+// It used to issue a leaf dated by that clock, which no client with the
+// right time accepts. It must not write the Secret, must keep serving the
+// leaf it had (still valid for those clients), and must say why.
 func TestAttackSkewJumpKeepsLastLeaf(t *testing.T) {
 	var offset atomic.Int64
 	w := newSkewWorldClock(t, func(base *clocktesting.FakeClock) clock.WithTicker { return jumpClock{base, &offset} })

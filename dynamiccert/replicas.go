@@ -471,8 +471,9 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	}
 	r.seen[l.Name] = s
 	// What the issuer decides on changed: what the replica trusts, or how
-	// its clock compares with ours (see clocksLocked).
-	return prev == nil || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+	// its clock compares with ours (see clocksLocked), or is known again
+	// after a pause.
+	return prev == nil || prev.stale || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
 }
 
 // peerClocks is how the live replicas' clocks compare with this one's, as
