@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -83,7 +84,9 @@ type AuthorityConfig struct {
 	PropagationDelay time.Duration
 	// SkewTolerance is the clock skew tolerated between replicas and
 	// clients. Default one hour, or RenewBefore/4 when shorter. See
-	// SelfSignedConfig.SkewTolerance.
+	// SelfSignedConfig.SkewTolerance. A replica whose clock disagrees
+	// beyond it with the Secret or with most live replicas does not write
+	// the Secret (see Status().ClockSkew and the package documentation).
 	SkewTolerance time.Duration
 	// CheckInterval bounds the time between wall-clock checks. Default one
 	// minute, or Lifetime/10 when shorter.
@@ -104,8 +107,9 @@ type AuthorityConfig struct {
 	// EventRecorder receives, about EventObject, a Normal
 	// CertificateRotated Event for every new leaf of this replica, a Warning
 	// CertificateLoadFailed Event for every distinct failure to read or
-	// write the CA state, and a Warning UnsafeCARotation Event on an unsafe
-	// rotation. Optional.
+	// write the CA state, a Warning UnsafeCARotation Event on an unsafe
+	// rotation, and a Warning ClockSkew Event when this replica's clock
+	// starts to disagree with the Secret or the other replicas. Optional.
 	EventRecorder events.EventRecorder
 	// EventObject is the object the Events are about, e.g. this replica's
 	// Pod. Default the CA Secret.
@@ -171,9 +175,13 @@ func (c *AuthorityConfig) complete() error {
 // a write conflict means re-read and decide again, not an error. A replica
 // never replaces a CA that is valid within the skew tolerance, so replicas
 // whose clocks disagree by up to SkewTolerance do not undo each other's
-// writes. A replica that finds the Secret deleted, or rolled back to older
-// content (an etcd restore), writes back the CAs it knows instead of
-// starting a new CA that no client trusts.
+// writes. Beyond the tolerance, one replica's clock never decides alone: a
+// replica whose clock disagrees with the Secret (a CA not yet valid on it)
+// or with most live replicas' Lease renewals writes nothing, issues no leaf
+// and fails its readiness (Status().ClockSkew, RotationCheck), and only a
+// CA expired for most live replicas is replaced. A replica that finds the
+// Secret deleted, or rolled back to older content (an etcd restore), writes
+// back the CAs it knows instead of starting a new CA that no client trusts.
 //
 // Authority implements dynamiccertificates.SNICertKeyContentProvider (the
 // leaf), CAContentProvider (ca.crt) and ControllerRunner. It is safe for
@@ -207,6 +215,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	store := &secretStore{cfg: &cfg, src: src}
 	a := &Authority{cfg: cfg, store: store}
+	store.judge = a.clockSkew
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
@@ -218,7 +227,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	if !cfg.DisableReplicaAnnouncements {
-		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.Clock)
+		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 	}
 	src.process = func(*corev1.Secret) error {
 		src.report.succeeded() // an event arrived: the watch works
@@ -316,6 +325,9 @@ type secretStore struct {
 	waiting   errlog.Once // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
+	// judge, when set, says why this replica's clock must not change the
+	// state as read (Authority.clockSkew); "" when it may.
+	judge func(st *caSet, now time.Time) (reason string, waiting bool)
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -362,6 +374,13 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
 	now := s.cfg.Clock.Now()
+	var skew string
+	var waiting bool
+	if s.judge != nil {
+		// Judged on the Secret as written, before this replica fills in
+		// what it lacks (an unknown publication time) from its own clock.
+		skew, waiting = s.judge(st, now)
+	}
 	if st.next != nil {
 		// The minimum delay runs from when this replica first saw the
 		// successor, on its own clock.
@@ -373,6 +392,14 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 			st.nextSince = st.seenSince // publication time unknown
 		}
 	}
+	if skew != "" {
+		// This clock is the suspect: nothing is restored, decided or
+		// written; the state as read is what the replica serves.
+		last := st.clone()
+		s.last = &last
+		return st, &clockSkewError{reason: skew, waiting: waiting}
+	}
+	certmetrics.ClockSkew(s.cfg.Name, false)
 	restored := s.restore(st, exists, now)
 	changed, err := decide(st)
 	if err != nil {

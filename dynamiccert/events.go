@@ -26,4 +26,9 @@ const (
 	// confirmed it, because no observed CA was valid any more; clients must
 	// refresh their trust.
 	ReasonUnsafeCARotation = certreport.ReasonUnsafeCARotation
+	// ReasonClockSkew (Warning): an Authority replica's clock disagrees
+	// with the CA Secret or with the other replicas' Lease renewals beyond
+	// the skew tolerance, so it does not write the Secret; sent once when
+	// that starts.
+	ReasonClockSkew = certreport.ReasonClockSkew
 )

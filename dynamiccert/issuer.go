@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -50,11 +51,14 @@ type issuer struct {
 	leafPair *pki.KeyPair // leaf, ready to serve
 	// alts are the leaves of cfg.keyTypes[1:], in that order, issued and
 	// replaced together with leaf; empty with a single key type.
-	alts     []*pki.Issued
-	leafCA   []byte // raw certificate of the CA that signed leaf and alts
-	bundle   []byte
-	pool     *x509.CertPool
-	unsafe   int
+	alts   []*pki.Issued
+	leafCA []byte // raw certificate of the CA that signed leaf and alts
+	bundle []byte
+	pool   *x509.CertPool
+	unsafe int
+	// skew, when set, is why this replica's clock is the suspect (see
+	// Authority.clockSkew): it writes nothing and issues no leaf.
+	skew     string
 	status   RotationStatus
 	hasState bool
 }
@@ -221,6 +225,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	defer i.syncMu.Unlock()
 	now := i.cfg.clock.Now()
 	var unsafe bool
+	var skew *clockSkewError
 	st, err := i.store.update(ctx, func(cs *caSet) (bool, error) {
 		changed, u, err := i.sched.advance(cs, now, observation{all: i.observed, local: i.locallyObserved})
 		unsafe = u
@@ -234,15 +239,22 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 		i.keepServing(now)
 		return 0, err // a busy Secret: retried with backoff, not a load error
+	case errors.As(err, &skew):
+		i.holdForSkew(st, now, skew.reason, skew.waiting)
+		// Not a failure: looked at again every check interval, and at
+		// once when the Secret or a Lease changes.
+		i.report.succeeded()
+		return i.cfg.checkInterval, nil
 	case err != nil:
 		err = i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
 		i.keepServing(now)
 		return 0, err
 	}
+	i.clockAgrees()
 	if unsafe {
 		i.recordUnsafe(st, now)
 	}
-	if err := i.adopt(st, now); err != nil {
+	if err := i.adopt(st, now, true); err != nil {
 		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
 	}
 	i.report.succeeded()
@@ -250,8 +262,9 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 }
 
 // adopt takes st as the state in force: the bundle, a leaf re-signed when
-// the schedule says so, the replica announcement and the status.
-func (i *issuer) adopt(st *caSet, now time.Time) error {
+// the schedule says so and issue allows it, the replica announcement and
+// the status.
+func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	bundle, pool := st.bundlePEM()
 	i.mu.Lock()
 	changed := !bytes.Equal(bundle, i.bundle)
@@ -259,7 +272,7 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 		i.bundle, i.pool = bundle, pool
 	}
 	i.cas, i.hasState = st.clone(), true
-	if i.sched.leafDue(i.leaf, i.leafCA, st, now) {
+	if issue && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
 		// Every key type is issued before any is swapped in, so the leaves
 		// always come from the same CA and renew together.
 		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
@@ -276,8 +289,11 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 		// them: whoever parses a certificate reports it (internal/certreport).
 		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 	}
-	leafSerial := serial(i.leaf.Cert)
-	leafPEM := leafCertPEM(i.leaf.Cert)
+	var leafSerial string
+	var leafPEM []byte
+	if i.leaf != nil { // none yet while the clock is skewed
+		leafSerial, leafPEM = serial(i.leaf.Cert), leafCertPEM(i.leaf.Cert)
+	}
 	i.mu.Unlock()
 
 	if i.replicas != nil {
@@ -309,12 +325,12 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 // schedule does not move: that needs the store.
 func (i *issuer) keepServing(now time.Time) {
 	i.mu.RLock()
-	st, ok := i.cas.clone(), i.hasState
+	st, ok := i.cas.clone(), i.hasState && i.skew == ""
 	i.mu.RUnlock()
 	if !ok || !i.sched.valid(st.signing.Cert, now) {
-		return
+		return // nothing to sign with, or a clock that is the suspect
 	}
-	if err := i.adopt(&st, now); err != nil {
+	if err := i.adopt(&st, now, true); err != nil {
 		klog.Background().Error(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
 	}
 }

@@ -220,7 +220,7 @@ func TestAuthorityWaitsForLiveReplicas(t *testing.T) {
 	runInBackground(t, a.Run)
 	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
 	waitFor(t, "its own lease", func() bool {
-		l, err := leases.Get(context.Background(), "ca-a", metav1.GetOptions{})
+		l, err := leases.Get(context.Background(), replicaLeaseName("ca", "a"), metav1.GetOptions{})
 		return err == nil && l.Annotations[AuthorityTrustedCAsAnnotation] != ""
 	})
 
@@ -243,7 +243,7 @@ func TestAuthorityWaitsForLiveReplicas(t *testing.T) {
 	}
 	// A replica announces a successor once its own minimum delay is over.
 	waitFor(t, "own lease to announce the successor", func() bool {
-		l, err := leases.Get(context.Background(), "ca-a", metav1.GetOptions{})
+		l, err := leases.Get(context.Background(), replicaLeaseName("ca", "a"), metav1.GetOptions{})
 		return err == nil && bytes.Contains([]byte(l.Annotations[AuthorityTrustedCAsAnnotation]), []byte(succ.Fingerprint))
 	})
 	waitFor(t, "only the stuck replica to be pending", func() bool {

@@ -51,6 +51,12 @@ const (
 	// is published can be checked against every live replica's leaf
 	// (Authority.ServedChains).
 	AuthorityLeafAnnotation = "evercert.io/leaf"
+	// AuthorityClocksAheadAnnotation lists, comma separated, the replica
+	// IDs of the live replicas whose Lease renewals show their clocks ahead
+	// of this replica's by more than the skew tolerance. It is how a
+	// replica whose clock leads learns it: its own view of the others'
+	// renewals only bounds their clocks from below (see clockSkew).
+	AuthorityClocksAheadAnnotation = "evercert.io/clocks-ahead"
 )
 
 // announcement is what one replica says about itself.
@@ -59,6 +65,9 @@ type announcement struct {
 	bundleHash string
 	leafSerial string
 	leafPEM    string
+	// clocksAhead: the replica IDs whose clocks are ahead of ours beyond
+	// the tolerance, sorted, comma separated.
+	clocksAhead string
 }
 
 // seenLease is another (or this) replica's announcement as last seen, and
@@ -79,6 +88,22 @@ type seenLease struct {
 	leaf       *x509.Certificate
 	observedAt time.Time
 	duration   time.Duration
+	// delta is the renewTime the replica wrote, on its clock, minus when
+	// this process saw the renewal, on its own (hasDelta: it wrote one).
+	// The renewal happened before it was seen, so delta is a lower bound
+	// of how far the replica's clock is ahead of ours: by as much as the
+	// renewal waited to be seen, at most a renewal interval (a third of
+	// duration) while the replica is live, it is too low.
+	delta    time.Duration
+	hasDelta bool
+	// stale: this process stopped watching for longer than the skew
+	// tolerance since it saw the renewal (it was paused, or its clock
+	// jumped): delta no longer compares the clocks as they are now, until
+	// the next renewal is seen.
+	stale bool
+	// clocksAhead are the replica IDs its announcement says are ahead of
+	// its own clock (AuthorityClocksAheadAnnotation).
+	clocksAhead []string
 }
 
 // replicaSet announces this replica in a Lease and watches the Leases of
@@ -93,7 +118,9 @@ type replicaSet struct {
 	id        string
 	leaseName string
 	duration  time.Duration
-	clock     clock.WithTicker
+	// skew is the clock skew tolerated between replicas.
+	skew  time.Duration
+	clock clock.WithTicker
 	// report reports the writes of this replica's Lease; watchReport the
 	// watch of the others', under the same provider name. They fail and
 	// recover apart (RBAC may allow one and not the other), and a write that
@@ -119,16 +146,12 @@ type replicaSet struct {
 	collectForbidden bool
 }
 
-func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration time.Duration, clk clock.WithTicker) *replicaSet {
-	name := authority + "-" + id
-	if len(name) > validation.DNS1123SubdomainMaxLength {
-		sum := sha256.Sum256([]byte(name))
-		name = name[:validation.DNS1123SubdomainMaxLength-17] + "-" + hex.EncodeToString(sum[:8])
-	}
+func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration, skew time.Duration, clk clock.WithTicker) *replicaSet {
+	name := replicaLeaseName(authority, id)
 	reportName := providerName + "/replica-announcement"
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
-		duration: duration, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
+		duration: duration, skew: skew, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
 		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
 	}
 }
@@ -138,7 +161,9 @@ func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string
 	slices.Sort(trusted)
 	sum := sha256.Sum256(bundle)
 	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM)}
+	now := r.clock.Now()
 	r.mu.Lock()
+	a.clocksAhead = strings.Join(r.clocksLocked(now).ahead, ",")
 	changed := a != r.want
 	r.want = a
 	r.mu.Unlock()
@@ -247,6 +272,7 @@ func (r *replicaSet) catchUpLocked(now time.Time) {
 	if unseen := r.unseenLocked(now); unseen > 0 {
 		for _, l := range r.seen {
 			l.observedAt = earliest(l.observedAt.Add(unseen), now)
+			l.stale = l.stale || unseen > r.skew
 		}
 	}
 }
@@ -331,6 +357,11 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	lease.Annotations[AuthorityBundleHashAnnotation] = want.bundleHash
 	lease.Annotations[AuthorityLeafSerialAnnotation] = want.leafSerial
 	lease.Annotations[AuthorityLeafAnnotation] = want.leafPEM
+	if want.clocksAhead != "" {
+		lease.Annotations[AuthorityClocksAheadAnnotation] = want.clocksAhead
+	} else {
+		delete(lease.Annotations, AuthorityClocksAheadAnnotation)
+	}
 	lease.Spec.HolderIdentity = ptr.To(r.id)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
@@ -412,9 +443,12 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
 		duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	var trusted []string
+	var trusted, ahead []string
 	if v := l.Annotations[AuthorityTrustedCAsAnnotation]; v != "" {
 		trusted = strings.Split(v, ",")
+	}
+	if v := l.Annotations[AuthorityClocksAheadAnnotation]; v != "" {
+		ahead = strings.Split(v, ",")
 	}
 	// A renewal is a new resourceVersion or a new renewTime (clients that
 	// do not bump resourceVersions, and relists that repeat an object,
@@ -430,9 +464,117 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	if prev != nil && prev.rv == version {
 		return false
 	}
-	r.seen[l.Name] = &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
-		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation])}
-	return prev == nil || !slices.Equal(prev.trusted, trusted)
+	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
+		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation]), clocksAhead: ahead}
+	if l.Spec.RenewTime != nil {
+		s.delta, s.hasDelta = l.Spec.RenewTime.Sub(now), true
+	}
+	r.seen[l.Name] = s
+	// What the issuer decides on changed: what the replica trusts, or how
+	// its clock compares with ours (see clocksLocked), or is known again
+	// after a pause.
+	return prev == nil || prev.stale || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+}
+
+// peerClocks is how the live replicas' clocks compare with this one's, as
+// their Lease renewals show them; see Authority.clockSkew for the rule.
+type peerClocks struct {
+	// live counts the live replicas other than this one.
+	live int
+	// ahead are the live replicas whose renewals show their clocks ahead
+	// of ours beyond the tolerance; behind those whose renewals show them
+	// behind beyond it even allowing a renewal interval for the renewal to
+	// be seen, or that announce our clock as ahead of theirs.
+	ahead, behind []string
+	// deltas are the live replicas' deltas (see seenLease.delta).
+	deltas []time.Duration
+	// stale are the live replicas whose last renewal was seen before this
+	// process stopped watching for longer than the tolerance (a pause, or
+	// a jump of its clock): until their next renewal, nothing tells
+	// whether this clock still agrees with theirs.
+	stale []string
+}
+
+// clockClass is 1 when l's clock is ahead of ours beyond the tolerance, -1
+// when behind beyond it (allowing a renewal interval), else 0.
+func (r *replicaSet) clockClass(l *seenLease) int {
+	switch {
+	case !l.hasDelta:
+		return 0
+	case l.delta > r.skew:
+		return 1
+	case l.delta+l.duration/3 < -r.skew:
+		return -1
+	}
+	return 0
+}
+
+// clocks compares the live replicas' clocks with this one's at now.
+func (r *replicaSet) clocks(now time.Time) peerClocks {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.clocksLocked(now)
+}
+
+// clocksLocked is clocks with r.mu held. This replica's own Lease, under
+// today's name or an older version's, is not a peer.
+func (r *replicaSet) clocksLocked(now time.Time) peerClocks {
+	var v peerClocks
+	unseen := r.unseenLocked(now)
+	for name, l := range r.seen {
+		if name == r.leaseName || l.holder == r.id || l.deleted || !now.Before(l.observedAt.Add(l.duration+unseen)) {
+			continue
+		}
+		v.live++
+		if l.stale || unseen > r.skew {
+			v.stale = append(v.stale, l.holder)
+			continue
+		}
+		if l.hasDelta {
+			v.deltas = append(v.deltas, l.delta)
+		}
+		switch {
+		case r.clockClass(l) > 0:
+			v.ahead = append(v.ahead, l.holder)
+		case r.clockClass(l) < 0, slices.Contains(l.clocksAhead, r.id):
+			v.behind = append(v.behind, l.holder)
+		}
+	}
+	slices.Sort(v.ahead)
+	slices.Sort(v.behind)
+	slices.Sort(v.stale)
+	return v
+}
+
+// replicaLeaseName is the name of the Lease replica id of the Authority of
+// Secret authority announces itself in: "<authority>-<id>", cut and made a
+// valid DNS-1123 label for readability, then "-" and 16 hex digits of the
+// SHA-256 of the pair. The hash makes the name injective: without it,
+// Secret "a" with replica "b-c" and Secret "a-b" with replica "c" both
+// wrote Lease "a-b-c" and overwrote each other's announcements. The name
+// is at most 63 characters.
+//
+// Versions before the hash named the Lease "<authority>-<id>". Leases
+// under those names keep the Authority's label, so replicas of either
+// version still read them as announcements during a rolling upgrade; once
+// an old replica stops renewing its Lease, that Lease stops counting as
+// live after its duration and is deleted like any replica's that is gone
+// (see collect).
+func replicaLeaseName(authority, id string) string {
+	sum := sha256.Sum256([]byte(authority + "\x00" + id))
+	suffix := "-" + hex.EncodeToString(sum[:8])
+	readable := []byte(strings.ToLower(authority + "-" + id))
+	for i, c := range readable {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			readable[i] = '-'
+		}
+	}
+	prefix := string(readable[:min(len(readable), validation.DNS1123LabelMaxLength-len(suffix))])
+	prefix = strings.TrimRight(strings.TrimLeft(prefix, "-"), "-")
+	if prefix == "" {
+		prefix = "replica"
+	}
+	return prefix + suffix
 }
 
 // defaultReplicaID names this process: the host name (the pod name in a

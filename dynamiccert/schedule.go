@@ -62,6 +62,13 @@ func (cs *caSet) clone() caSet {
 // leaves are capped at its NotAfter. Only when it is no longer valid does a
 // successor sign unobserved, or, with no valid successor, a fresh CA: an
 // unsafe rotation. The very first CA is not one: nobody trusts anything yet.
+//
+// "No longer valid" here is on this process's clock alone. An Authority
+// never gets here with a CA that is not yet valid on its clock, or that
+// has expired for it but not for most of the live replicas: its Secret
+// store refuses to decide on such a state (Authority.clockSkew), since a
+// lagging or leading clock would replace the CA every replica's clients
+// trust. SelfSigned has no other clock to ask.
 func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, unsafe bool, err error) {
 	if cs.next != nil && !now.Before(cs.next.Cert.NotAfter) {
 		cs.next, changed = nil, true // expired before it ever signed

@@ -42,7 +42,7 @@ func TestAuthorityServedChainsAnnounced(t *testing.T) {
 		want := map[string]string{"replica/a": la.SerialNumber.String(), "replica/b": lb.SerialNumber.String()}
 		return assert.ObjectsAreEqual(want, serials(a.ServedChains())) && assert.ObjectsAreEqual(want, serials(b.ServedChains()))
 	})
-	l, err := client.CoordinationV1().Leases("ns").Get(context.Background(), "ca-a", metav1.GetOptions{})
+	l, err := client.CoordinationV1().Leases("ns").Get(context.Background(), replicaLeaseName("ca", "a"), metav1.GetOptions{})
 	require.NoError(t, err)
 	ann := l.Annotations[AuthorityLeafAnnotation]
 	assert.Contains(t, ann, "BEGIN CERTIFICATE")

@@ -30,6 +30,12 @@ type RotationStatus struct {
 	UnsafeRotations int
 	// LastError is the last check's error, nil after a success.
 	LastError error
+	// ClockSkew, for an Authority replica, says why its clock disagrees
+	// with the CA Secret or with the other replicas beyond the skew
+	// tolerance; empty while it agrees. While it is set the replica does
+	// not write the Secret and issues no leaf (see the package
+	// documentation, "Observed rotation").
+	ClockSkew string
 }
 
 // CAStatus describes one CA certificate.
@@ -96,6 +102,9 @@ func (i *issuer) currentStatus() RotationStatus {
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()
+	i.mu.RLock()
+	s.ClockSkew = i.skew
+	i.mu.RUnlock()
 	return s
 }
 
@@ -108,12 +117,16 @@ type RotationReporter interface {
 // RotationCheck returns a health check named "ca-rotation:<provider name>"
 // that fails while the rotation is stalled (the signing CA is about to
 // expire and no successor signs yet), naming the pending observers or the
-// error that keeps a successor from being published. It belongs on /readyz
-// and /healthz, not /livez: a restart does not make an observer confirm.
+// error that keeps a successor from being published, and while an
+// Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
+// the skew. It belongs on /readyz and /healthz, not /livez: a restart does
+// not make an observer confirm or fix a clock.
 func RotationCheck(r RotationReporter) healthz.HealthChecker {
 	return healthz.NamedCheck("ca-rotation:"+r.Name(), func(*http.Request) error {
 		s := r.Status()
 		switch {
+		case s.ClockSkew != "":
+			return fmt.Errorf("clock skew: %s", s.ClockSkew)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:

@@ -70,6 +70,13 @@ var (
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"provider"})
 
+	clockSkew = metrics.NewCounterVec(&metrics.CounterOpts{
+		Namespace:      namespace,
+		Name:           "clock_skew_total",
+		Help:           "Number of times an Authority replica found its clock disagreeing, beyond the skew tolerance, with the CA Secret or with the other replicas' Lease renewals. While it does, it does not write the Secret, issues no leaf and fails its ca-rotation readiness check.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
 	registerOnce sync.Once
 )
 
@@ -138,9 +145,23 @@ func PendingObservers(provider string, n int) {
 	unsafeRotations.WithLabelValues(provider).Add(0)
 }
 
+// ClockSkew records that provider (an Authority replica) found its clock
+// disagreeing with the CA Secret or its peers, when started is true; with
+// false it only makes the series exist at 0, so alerts on increase() work
+// from the start. The caller counts each episode once, when it starts.
+func ClockSkew(provider string, started bool) {
+	Register()
+	c := clockSkew.WithLabelValues(provider)
+	if started {
+		c.Inc()
+		return
+	}
+	c.Add(0)
+}
+
 // all lists every evercert collector.
 func all() []metrics.Registerable {
-	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers,
+	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers, clockSkew,
 		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified}
 }
 

@@ -51,6 +51,10 @@ const (
 	// ReasonUnsafeCARotation (Warning): a CA signed before every observer
 	// confirmed it, because no observed CA was valid any more.
 	ReasonUnsafeCARotation = "UnsafeCARotation"
+	// ReasonClockSkew (Warning): an Authority replica's clock disagrees
+	// with the CA Secret or with the other replicas beyond the skew
+	// tolerance; it does not write the Secret until it agrees again.
+	ReasonClockSkew = "ClockSkew"
 
 	// ActionRotate is the action of rotation Events; ActionLoad that of load
 	// failures.

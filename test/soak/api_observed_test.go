@@ -54,6 +54,7 @@ func fromStatus(s dynamiccert.RotationStatus) rotationStatus {
 		signingSerial:   s.Signing.Serial,
 		signingNotAfter: s.Signing.NotAfter,
 		unsafe:          s.UnsafeRotations,
+		clockSkew:       s.ClockSkew,
 	}
 	if s.Successor != nil {
 		r.successorSerial = s.Successor.Serial

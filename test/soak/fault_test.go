@@ -200,6 +200,14 @@ func faultScenarios() []scenario {
 		}, knownIssue: "with the default skew tolerance (1 h) and replicas at -1 h and +1 h, the first CA, made by the replica ahead, " +
 			"is not yet valid for the replica behind, whose sni controller refuses its own leaf for an hour"},
 
+		// One replica's clock off beyond the default tolerance (1 h), lagging
+		// or leading, through CA rotations: it must never write the Secret,
+		// and the healthy replicas' clients never fail.
+		clockOffScenario("clock-lags-3h", -3*time.Hour),
+		clockOffScenario("clock-lags-1d", -day),
+		clockOffScenario("clock-leads-3h", 3*time.Hour),
+		clockOffScenario("clock-leads-1d", day),
+
 		// API faults, around the successor's publication (even cycles) and
 		// around its promotion (odd cycles).
 		apiFaultScenario("api-403", forbiddenFault),
@@ -275,6 +283,29 @@ func faultScenarios() []scenario {
 			p.noObserver = true // the publisher is not an observer
 		}, cycle: webhookUnwritableCycle},
 	}
+}
+
+// clockOffScenario runs replica 2 with its clock off by offset, beyond the
+// skew tolerance, through CA rotations made by the two healthy replicas.
+func clockOffScenario(name string, offset time.Duration) scenario {
+	return scenario{name: name, params: func(p *params) {
+		p.offsets = []time.Duration{0, 0, offset}
+		p.startFirst = []int{0, 1} // the healthy replicas make the first CA
+		p.skewed = []int{2}
+	}, cycle: func(w *world, _ int) {
+		w.toPublished()
+		w.toPromoted()
+	}, final: func(w *world, _ int) {
+		p := w.pods[2]
+		counts := p.client.snapshot()
+		assert.Zero(w.t, counts["update secrets"]+counts["create secrets"], "%s: Secret writes by the replica whose clock is off by %v", p.name, offset)
+		st, _ := authorityStatus(p.auth)
+		assert.NotEmpty(w.t, st.clockSkew, "%s: Status().ClockSkew", p.name)
+		if observedAPI {
+			assert.Equal(w.t, 1, w.events.count("Warning/"+dynamiccert.ReasonClockSkew), "one ClockSkew Event: %s", w.events)
+		}
+		w.t.Logf("%s: %s reports: %s", w.name, p.name, st.clockSkew)
+	}}
 }
 
 // retryAfter is the Retry-After of the 429 stretches.

@@ -30,6 +30,7 @@ type rotationStatus struct {
 	successorPublishedAt time.Time
 	pending              []string
 	unsafe               int
+	clockSkew            string
 }
 
 // scenarioReport collects the numbers of one fault scenario.

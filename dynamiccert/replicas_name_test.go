@@ -1,0 +1,78 @@
+package dynamiccert
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// TestReplicaLeaseNamesDoNotCollide: the Authority of Secret "a" with
+// replica "b-c" and the Authority of Secret "a-b" with replica "c" share a
+// namespace. Both used to announce themselves in Lease "a-b-c", so each
+// renewal overwrote the other's announcement (and its authority label):
+// one Authority lost sight of its replica, the other waited for a replica
+// that is not its own.
+func TestReplicaLeaseNamesDoNotCollide(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	for _, r := range []struct{ secret, id string }{{"a", "b-c"}, {"a-b", "c"}} {
+		a, err := NewAuthority(AuthorityConfig{
+			Name: "lease-name-" + r.secret, Namespace: "ns", SecretName: r.secret, Client: client, ReplicaID: r.id,
+			Hosts: []string{"localhost"}, Clock: clk,
+		})
+		require.NoError(t, err)
+		runInBackground(t, a.Run)
+	}
+	announced := func(secret string) []string {
+		l, err := client.CoordinationV1().Leases("ns").List(context.Background(), metav1.ListOptions{LabelSelector: AuthorityLeaseLabel + "=" + secret})
+		require.NoError(t, err)
+		var holders []string
+		for _, lease := range l.Items {
+			if lease.Spec.HolderIdentity != nil {
+				holders = append(holders, lease.Name+"="+*lease.Spec.HolderIdentity)
+			}
+		}
+		return holders
+	}
+	waitFor(t, "both replicas announced", func() bool { return len(announced("a")) == 1 && len(announced("a-b")) == 1 })
+	// A few renewals each: neither overwrites the other.
+	for range 3 {
+		clk.Step(time.Minute) // a third of the default lease duration
+		waitFor(t, "both announcements still there", func() bool { return len(announced("a")) == 1 && len(announced("a-b")) == 1 })
+	}
+	all, err := client.CoordinationV1().Leases("ns").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Len(t, all.Items, 2, "one Lease per replica: %v, %v", announced("a"), announced("a-b"))
+	assert.True(t, strings.HasSuffix(announced("a")[0], "=b-c"), "%v", announced("a"))
+	assert.True(t, strings.HasSuffix(announced("a-b")[0], "=c"), "%v", announced("a-b"))
+}
+
+// TestReplicaLeaseName: names are valid DNS-1123 labels of at most 63
+// characters that start with the readable pair, and differ whenever the
+// pair differs, however long or oddly spelled.
+func TestReplicaLeaseName(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	pairs := [][2]string{
+		{"a", "b-c"}, {"a-b", "c"}, {"ca", "pod-0"}, {"ca.example", "Pod_0"}, {long, "r"}, {long, "s"}, {"ca", long}, {"ca", long + "y"}, {"ca", ""},
+	}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		name := replicaLeaseName(p[0], p[1])
+		assert.Empty(t, validation.IsDNS1123Label(name), "%q", name)
+		assert.LessOrEqual(t, len(name), validation.DNS1123LabelMaxLength, "%q", name)
+		if prev, dup := seen[name]; dup {
+			t.Errorf("%v and %v share Lease %q", prev, p, name)
+		}
+		seen[name] = p
+	}
+	assert.True(t, strings.HasPrefix(replicaLeaseName("ca", "pod-0"), "ca-pod-0-"), replicaLeaseName("ca", "pod-0"))
+}
