@@ -115,10 +115,15 @@
 //
 // Clock skew: replicas and clients may disagree by up to SkewTolerance
 // (default one hour, less for short lifetimes). Certificates are backdated
-// by it; a CA that is not yet valid by less than it is accepted, so a slow
-// replica never replaces a CA a fast one made; and each replica measures
-// the minimum delay from when it first saw the successor, on its own clock,
-// so a replica whose clock is ahead cannot cut it short.
+// by it; a CA that is not yet valid by less than it is accepted; and each
+// replica measures the minimum delay from when it first saw the successor,
+// on its own clock, so a replica whose clock is ahead cannot cut it short.
+// Beyond the tolerance the Authority's own clock is the suspect: a CA in
+// the Secret that is not yet valid here is never replaced or written over,
+// a replica whose clock disagrees with most live peers' Lease renewals
+// writes nothing and fails its readiness naming the skew, and an expired
+// signing CA is replaced only when most live replicas see it expired too
+// (see Authority and docs/architecture.md).
 //
 // Faults: every failed check is retried with exponential backoff, jitter
 // and a cap (internal/backoff), at least as long as a 429's Retry-After; a
