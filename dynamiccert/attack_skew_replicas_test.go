@@ -264,3 +264,53 @@ func TestAttackSkewJumpKeepsLastLeaf(t *testing.T) {
 	w.checkSkewReported(t, "ahead")
 	w.checkHealthy(t)
 }
+
+// TestAttackSkewRestartedReplicaListsPeersFirst: a replica whose clock is a
+// day past the shared signing CA's expiry starts fresh (a node rebooted
+// with a bad clock) while two healthy replicas announce themselves. Its
+// first check, the synchronous RunOnce every server makes at start, ran
+// before its Lease watch had listed anyone: with no peer known, its clock
+// alone decided that the CA had expired and replaced it, the outage of the
+// lagging case in reverse. It must list its peers before it decides, find
+// them behind, and write nothing.
+func TestAttackSkewRestartedReplicaListsPeersFirst(t *testing.T) {
+	w := &skewWorld{client: fake.NewClientset(), base: clocktesting.NewFakeClock(testNow), recorder: certreporttest.NewRecorder()}
+	optimistic(w.client)
+	for _, id := range []string{"healthy-0", "healthy-1"} {
+		a, err := NewAuthority(AuthorityConfig{
+			Name: t.Name() + "/" + id, Namespace: "ns", SecretName: "ca", Client: w.client, ReplicaID: id,
+			Hosts: []string{"localhost"}, Clock: w.base,
+		})
+		require.NoError(t, err)
+		runInBackground(t, a.Run)
+		waitFor(t, id+"'s leaf", func() bool { return a.Leaf() != nil })
+		w.healthy = append(w.healthy, a)
+	}
+	for _, a := range w.healthy {
+		waitFor(t, a.Name()+"'s Lease", func() bool {
+			l, err := w.client.CoordinationV1().Leases("ns").Get(context.Background(), a.replicas.leaseName, metav1.GetOptions{})
+			return err == nil && l.Spec.RenewTime != nil
+		})
+	}
+	ca := w.secret(t).Data[corev1.TLSCertKey]
+	offset := w.healthy[0].Status().Signing.NotAfter.Sub(w.base.Now()) + day
+
+	skewed, err := NewAuthority(AuthorityConfig{
+		Name: t.Name() + "/skewed", Namespace: "ns", SecretName: "ca", Client: writeCountingClient{w.client, &w.skewedWrites},
+		ReplicaID: "skewed", Hosts: []string{"localhost"}, Clock: offsetClock{w.base, offset},
+		EventRecorder: w.recorder, EventObject: certreporttest.Pod,
+	})
+	require.NoError(t, err)
+	w.skewed = skewed
+	require.NoError(t, skewed.RunOnce(context.Background()))
+	assert.Zero(t, w.skewedWrites.Load(), "Secret writes by the restarted replica whose clock leads, at its first check")
+	assert.Equal(t, string(ca), string(w.secret(t).Data[corev1.TLSCertKey]), "the shared CA was replaced")
+	assert.Zero(t, skewed.Status().UnsafeRotations)
+
+	runInBackground(t, skewed.Run)
+	waitFor(t, "the restarted replica reporting the skew", func() bool { return skewed.Status().ClockSkew != "" })
+	assert.Zero(t, w.skewedWrites.Load(), "Secret writes by the restarted replica whose clock leads")
+	assert.Equal(t, string(ca), string(w.secret(t).Data[corev1.TLSCertKey]), "the shared CA was replaced")
+	w.checkHealthy(t)
+	w.checkSkewReported(t, "ahead")
+}

@@ -223,6 +223,9 @@ func (i *issuer) run(ctx context.Context) {
 func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	i.syncMu.Lock()
 	defer i.syncMu.Unlock()
+	if i.replicas != nil {
+		i.replicas.listOnce(ctx) // know the peers before judging the clock
+	}
 	now := i.cfg.clock.Now()
 	var unsafe bool
 	var skew *clockSkewError

@@ -144,6 +144,9 @@ type replicaSet struct {
 	awakeUntil time.Time
 	// collectForbidden stops collect after RBAC forbade a delete.
 	collectForbidden bool
+	// listed: the peers' Leases were listed once (see listOnce), or
+	// listing them is forbidden and will stay so.
+	listed bool
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration, skew time.Duration, clk clock.WithTicker) *replicaSet {
@@ -384,6 +387,39 @@ func describeLeaseError(err error) error {
 		return fmt.Errorf("forbidden (RBAC must allow get, list, watch, create and update on leases.coordination.k8s.io in this namespace; until then other replicas do not wait for this one): %w", err)
 	}
 	return err
+}
+
+// listOnce lists the other replicas' Leases once, before this process
+// decides anything on the CA state: until then it knows no peer, and a
+// replica whose clock is off would judge alone (Authority.clockSkew). The
+// watch in run keeps them current afterwards. A list that fails is
+// reported and tried again at the next check; one that RBAC forbids is not
+// tried again (the watch reports it), as other replicas then cannot count
+// this one either.
+func (r *replicaSet) listOnce(ctx context.Context) {
+	r.mu.Lock()
+	done := r.listed
+	r.mu.Unlock()
+	if done {
+		return
+	}
+	selector := labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: r.authority}).String()
+	list, err := r.client.CoordinationV1().Leases(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		_ = r.watchReport.failed(fmt.Errorf("listing replica leases in %s: %w", r.namespace, describeLeaseError(err)))
+		if apierrors.IsForbidden(err) {
+			r.mu.Lock()
+			r.listed = true
+			r.mu.Unlock()
+		}
+		return
+	}
+	for n := range list.Items {
+		r.observe(&list.Items[n])
+	}
+	r.mu.Lock()
+	r.listed = true
+	r.mu.Unlock()
 }
 
 // watch keeps seen up to date from an informer on the Leases of this
