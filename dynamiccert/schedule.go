@@ -209,16 +209,31 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 }
 
 // issueLeaf signs a serving leaf with a new key of type kt for cfg's names
-// with the signing CA.
+// with the signing CA. Its NotAfter is now+lifetime rounded up to a whole
+// second (see wholeSeconds), so leafDue, which reads the leaf as issued,
+// never finds it due at issue time while leafRenewBefore < lifetime.
 func (r rotation) issueLeaf(cs *caSet, kt pki.KeyType, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
 	issued, err := pki.IssueLeaf(cs.signing, pki.Request{
 		CommonName: commonName, DNSNames: dnsNames, IPs: ips,
-		KeyType: kt, Now: now, Lifetime: lifetime, Backdate: r.backdate(),
+		KeyType: kt, Now: now, Lifetime: wholeSeconds(now, lifetime), Backdate: r.backdate(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("issuing %s leaf: %w", kt, err)
 	}
 	return issued, nil
+}
+
+// wholeSeconds returns lifetime lengthened so that now+lifetime falls on a
+// whole second. X.509 stores validity in whole seconds and truncates
+// (crypto/x509 drops the fraction), so a leaf asked for 1s at 12:00:00.9
+// would end at 12:00:01, a tenth of its lifetime, and with renew-before
+// 1/3s be due before it was issued: Run re-issued it at once, forever.
+func wholeSeconds(now time.Time, lifetime time.Duration) time.Duration {
+	end := now.Add(lifetime)
+	if t := end.Truncate(time.Second); t.Before(end) {
+		end = t.Add(time.Second)
+	}
+	return end.Sub(now)
 }
 
 // bundlePEM encodes the bundle, and a pool for verifying against it.
