@@ -262,6 +262,12 @@ func (i *issuer) adopt(st *caSet, now time.Time) error {
 	if changed {
 		i.bundle, i.pool = bundle, pool
 	}
+	if i.cas.signing == nil || !bytes.Equal(i.cas.signing.Cert.Raw, st.signing.Cert.Raw) {
+		// Listeners are told when the signing CA changes (podcert's Signer
+		// signs with it), also while MinReissueInterval holds this
+		// process's new leaf back.
+		changed = true
+	}
 	i.cas, i.hasState = st.clone(), true
 	if _, held := i.reissueFloor(now); !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
 		// Every key type is issued before any is swapped in, so the leaves

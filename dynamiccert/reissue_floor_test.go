@@ -156,15 +156,24 @@ func (c *churningStore) update(ctx context.Context, decide func(*caSet) (bool, e
 	})
 }
 
-// TestWholeSecondsRoundsNotAfterUp: the leaf's NotAfter is never before
-// now+lifetime once X.509 has truncated it.
-func TestWholeSecondsRoundsNotAfterUp(t *testing.T) {
-	for _, now := range []time.Time{testNow, offSecond, testNow.Add(time.Nanosecond)} {
-		for _, life := range []time.Duration{time.Second, 1500 * time.Millisecond, time.Hour} {
-			end := now.Add(wholeSeconds(now, life))
-			assert.Equal(t, end, end.Truncate(time.Second), "%v+%v", now, life)
-			assert.False(t, end.Before(now.Add(life)), "%v+%v", now, life)
-			assert.Less(t, end.Sub(now.Add(life)), time.Second, "%v+%v", now, life)
+// TestIssuedLifetimeNeverDueAtIssue: the leaf's NotAfter as X.509 keeps it
+// (truncated to whole seconds) is never within renew-before of the issue
+// time, and never before now+lifetime when it had to be rounded; ordinary
+// schedules keep X.509's truncation.
+func TestIssuedLifetimeNeverDueAtIssue(t *testing.T) {
+	for _, now := range []time.Time{testNow, offSecond, testNow.Add(time.Nanosecond), testNow.Add(500 * time.Millisecond)} {
+		for _, tc := range []struct{ life, renewBefore time.Duration }{
+			{time.Second, time.Second / 3}, {time.Second, 999 * time.Millisecond}, {time.Second, time.Nanosecond},
+			{1500 * time.Millisecond, time.Second}, {3 * time.Second, time.Second}, {time.Hour, 20 * time.Minute},
+		} {
+			r := rotation{leafRenewBefore: tc.renewBefore}
+			asked := now.Add(r.issuedLifetime(now, tc.life))
+			kept := asked.Truncate(time.Second) // what crypto/x509 encodes
+			assert.True(t, kept.Add(-tc.renewBefore).After(now), "%v %+v: due at issue", now, tc)
+			assert.False(t, kept.Before(now.Add(min(tc.life, tc.renewBefore+MinReissueInterval))), "%v %+v: ends at %v", now, tc, kept)
+			if tc.life-tc.renewBefore >= time.Second+MinReissueInterval {
+				assert.Equal(t, now.Add(tc.life), asked, "%v %+v: an ordinary schedule is issued as asked", now, tc)
+			}
 		}
 	}
 }
