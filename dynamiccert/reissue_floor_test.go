@@ -58,7 +58,7 @@ func reissueSteps(t *testing.T, clk *realTimers, c *leafCounter, kick chan struc
 	settle := func() {
 		waitFor(t, "the Run loop to sleep on the clock", func() bool {
 			require.LessOrEqual(t, c.n(), bound(), "leaves issued by %s: faster than one per MinReissueInterval (%d immediate timers)", clk.Now().Sub(start), clk.immediate.Load())
-			return clk.HasWaiters() && (kick == nil || len(kick) == 0)
+			return clk.HasWaiters() && len(kick) == 0
 		})
 	}
 	settle()
