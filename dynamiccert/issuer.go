@@ -61,6 +61,10 @@ type issuer struct {
 	skew     string
 	status   RotationStatus
 	hasState bool
+
+	// leafIssued is when leaf was issued, on cfg.clock: MinReissueInterval
+	// runs from it.
+	leafIssued time.Time
 }
 
 // issuerConfig is the completed configuration an issuer runs on.
@@ -274,8 +278,14 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	if changed {
 		i.bundle, i.pool = bundle, pool
 	}
+	if i.cas.signing == nil || !bytes.Equal(i.cas.signing.Cert.Raw, st.signing.Cert.Raw) {
+		// Listeners are told when the signing CA changes (podcert's Signer
+		// signs with it), also while MinReissueInterval holds this
+		// process's new leaf back.
+		changed = true
+	}
 	i.cas, i.hasState = st.clone(), true
-	if issue && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
+	if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
 		// Every key type is issued before any is swapped in, so the leaves
 		// always come from the same CA and renew together.
 		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
@@ -288,6 +298,7 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 			issued[n] = leaf
 		}
 		i.leaf, i.alts, i.leafPair, i.leafCA, changed = issued[0], issued[1:], issued[0].KeyPair(), st.signing.Cert.Raw, true
+		i.leafIssued = now
 		// The alternatives are reported by the sni controller, which parses
 		// them: whoever parses a certificate reports it (internal/certreport).
 		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
@@ -356,6 +367,16 @@ func (i *issuer) nextDeadline() time.Time {
 	defer i.mu.RUnlock()
 	now := i.cfg.clock.Now()
 	next := i.sched.nextDeadline(&i.cas, i.leaf.Cert, now)
+	if end, held := i.reissueFloor(now); held && i.sched.leafDue(i.leaf, i.leafCA, &i.cas, now) {
+		// The leaf is due but the floor holds it back: its due time is
+		// past, and a deadline in the past would be a busy loop. Wake when
+		// the floor ends, or earlier for anything else still ahead.
+		if next.After(now) {
+			next = earliest(next, end)
+		} else {
+			next = end
+		}
+	}
 	if i.cas.next != nil {
 		// Replicas and observers notify; still look again at least every
 		// check interval while a successor waits.
@@ -412,7 +433,22 @@ func (i *issuer) renewAt() time.Time {
 	if i.leaf == nil {
 		return time.Time{}
 	}
-	return i.leaf.Cert.NotAfter.Add(-i.sched.leafRenewBefore)
+	at := i.leaf.Cert.NotAfter.Add(-i.sched.leafRenewBefore)
+	if end := i.leafIssued.Add(MinReissueInterval); end.After(at) {
+		at = end
+	}
+	return at
+}
+
+// reissueFloor returns when MinReissueInterval after the last issuance
+// ends, and whether it holds at now, so that no leaf may be issued yet. It
+// never holds before the first leaf, nor when the clock is behind the last
+// issuance (it went back; the leaf may not be valid any more): a floor
+// measured from the future would hold for as long as the clock is behind.
+// The caller holds mu.
+func (i *issuer) reissueFloor(now time.Time) (time.Time, bool) {
+	end := i.leafIssued.Add(MinReissueInterval)
+	return end, i.leaf != nil && !now.Before(i.leafIssued) && now.Before(end)
 }
 
 // memoryStore keeps the CA state in memory (SelfSigned).

@@ -216,16 +216,35 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 }
 
 // issueLeaf signs a serving leaf with a new key of type kt for cfg's names
-// with the signing CA.
+// with the signing CA, for issuedLifetime: as issued, it is never due before
+// MinReissueInterval has passed.
 func (r rotation) issueLeaf(cs *caSet, kt pki.KeyType, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
 	issued, err := pki.IssueLeaf(cs.signing, pki.Request{
 		CommonName: commonName, DNSNames: dnsNames, IPs: ips,
-		KeyType: kt, Now: now, Lifetime: lifetime, Backdate: r.backdate(),
+		KeyType: kt, Now: now, Lifetime: r.issuedLifetime(now, lifetime), Backdate: r.backdate(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("issuing %s leaf: %w", kt, err)
 	}
 	return issued, nil
+}
+
+// issuedLifetime is the lifetime to ask for at now. X.509 stores NotAfter in
+// whole seconds and crypto/x509 truncates it, so a 1s leaf asked for at
+// 12:00:00.9 ended at 12:00:01 and, with a renew-before of 1/3s, was due
+// before it was issued: Run re-issued it at once, forever. When the
+// truncated NotAfter leaves the leaf due within MinReissueInterval, it is
+// rounded up to the next whole second instead, so the leaf lives at least
+// lifetime and is never due at issue (renew-before < lifetime). Leaves of
+// ordinary schedules, whose lifetime exceeds renew-before by 1.5s or more,
+// are issued exactly as before.
+func (r rotation) issuedLifetime(now time.Time, lifetime time.Duration) time.Duration {
+	end := now.Add(lifetime)
+	kept := end.Truncate(time.Second)
+	if !kept.Add(-r.leafRenewBefore).Before(now.Add(MinReissueInterval)) || kept.Equal(end) {
+		return lifetime
+	}
+	return kept.Add(time.Second).Sub(now)
 }
 
 // bundlePEM encodes the bundle, and a pool for verifying against it.

@@ -28,6 +28,23 @@ const (
 	// at the wall clock, so a suspended machine or a clock jump renews
 	// promptly even though timers were asleep.
 	DefaultCheckInterval = time.Minute
+	// MinReissueInterval is the floor between two leaves of one SelfSigned
+	// or Authority (and so of the loopback certificate), measured on its
+	// Clock: whatever the configuration and whatever the CA state does, a
+	// leaf is replaced no sooner than this after the previous one was
+	// issued. It caps key generation, signing, "Loaded certificate" log
+	// lines, Events and listener notifications at two per second should a
+	// schedule ever be due when its leaf is issued (X.509 validity has
+	// one-second resolution, so a faster successor could not last longer
+	// anyway). It is half of MinLifetime so that it never delays the
+	// renewal of the shortest leaf past the middle of its life. It does not
+	// hold the first leaf back, nor a clock that went back before the last
+	// issuance.
+	MinReissueInterval = 500 * time.Millisecond
+	// MinLifetime is the shortest leaf Lifetime accepted. X.509 cannot
+	// express a shorter validity, and with it a leaf held back by
+	// MinReissueInterval still has half its life left.
+	MinLifetime = 2 * MinReissueInterval
 )
 
 // DefaultSelfSignedHosts are the names a self-signed certificate is made for
@@ -59,7 +76,8 @@ type SelfSignedConfig struct {
 	// verify every leaf's chain), else of the first type; it takes effect
 	// with the next CA.
 	KeyTypes []KeyType
-	// Lifetime of the leaf. Default DefaultSelfSignedLifetime.
+	// Lifetime of the leaf. Default DefaultSelfSignedLifetime; at least
+	// MinLifetime. NotAfter is rounded up to a whole second.
 	Lifetime time.Duration
 	// RenewBefore is how long before the leaf expires it is replaced.
 	// Default Lifetime/3.
@@ -152,12 +170,19 @@ func (c *SelfSignedConfig) complete() error {
 	switch {
 	case c.Lifetime < 0 || c.CALifetime < 0:
 		errs = append(errs, errors.New("lifetimes must be positive"))
+	case c.Lifetime < MinLifetime:
+		errs = append(errs, fmt.Errorf("lifetime %v must be at least %v: X.509 validity has one-second resolution, and a leaf is re-issued at most once per %v", c.Lifetime, MinLifetime, MinReissueInterval))
 	case c.RenewBefore <= 0 || c.RenewBefore >= c.Lifetime:
 		errs = append(errs, fmt.Errorf("renew-before %v must be positive and shorter than the lifetime %v", c.RenewBefore, c.Lifetime))
 	case c.CARenewBefore <= c.RenewBefore || c.CARenewBefore >= c.CALifetime:
 		errs = append(errs, fmt.Errorf("CA renew-before %v must be longer than the leaf renew-before %v and shorter than the CA lifetime %v", c.CARenewBefore, c.RenewBefore, c.CALifetime))
 	case c.PropagationDelay < 0 || c.PropagationDelay >= c.CARenewBefore-c.RenewBefore:
 		errs = append(errs, fmt.Errorf("propagation delay %v must be shorter than CA renew-before minus leaf renew-before (%v)", c.PropagationDelay, c.CARenewBefore-c.RenewBefore))
+	case c.CARenewBefore-c.PropagationDelay < MinReissueInterval:
+		// A successor signs no earlier than this before the old CA expires,
+		// and the old CA caps the served leaf: the leaf re-issued after the
+		// change may wait MinReissueInterval, and must come before that.
+		errs = append(errs, fmt.Errorf("CA renew-before %v minus propagation delay %v must be at least %v, so the leaf re-issued when the successor CA signs is out before the old CA expires", c.CARenewBefore, c.PropagationDelay, MinReissueInterval))
 	case c.SkewTolerance < 0 || c.SkewTolerance >= c.CALifetime:
 		errs = append(errs, fmt.Errorf("skew tolerance %v must not be negative and must be shorter than the CA lifetime %v", c.SkewTolerance, c.CALifetime))
 	case c.CheckInterval <= 0:

@@ -16,8 +16,10 @@ const (
 	// default a new leaf is made every 16 hours.
 	DefaultValidity = 24 * time.Hour
 	// MinValidity is the shortest Validity accepted. Shorter lifetimes leave
-	// no room for scheduling delays between renewal and expiry.
-	MinValidity = time.Second
+	// no room for scheduling delays between renewal and expiry; X.509
+	// cannot express them, and the leaf is re-issued at most once per
+	// dynamiccert.MinReissueInterval.
+	MinValidity = dynamiccert.MinLifetime
 )
 
 // CertificateConfig configures a loopback Certificate. The zero value is

@@ -79,7 +79,8 @@ type Options struct {
 	// --self-signed-key-types, default ecdsa-p256.
 	SelfSignedKeyTypes []string
 	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
-	// --self-signed-validity, default 720h.
+	// --self-signed-validity, default 720h, at least 1s
+	// (dynamiccert.MinLifetime).
 	SelfSignedValidity time.Duration
 	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
 	// Flag --self-signed-renew-before, default a third of the validity.
@@ -171,7 +172,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
 	fs.StringSliceVar(&o.SelfSignedKeyTypes, "self-signed-key-types", o.SelfSignedKeyTypes, "Comma-separated key types of the self-signed certificate (and of --ca-secret's): one certificate per type for the same names, renewed together; each client gets the first it supports, ECDSA first. "+
 		"With an RSA type the CA is RSA too, so clients that cannot verify ECDSA verify every chain. All are approved in FIPS 140-3 mode. Possible values: "+strings.ReplaceAll(strings.Trim(fmt.Sprint(dynamiccert.KeyTypes), "[]"), " ", ", "))
-	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate. Its CA lives three times as long.")
+	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate, at least 1s. Its CA lives three times as long.")
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
 	fs.DurationVar(&o.CAValidity, "ca-validity", o.CAValidity, "Lifetime of each CA of the self-signed default and --ca-secret. 0 means three --self-signed-validity (eight with --ca-secret).")
 	fs.DurationVar(&o.CARenewBefore, "ca-renew-before", o.CARenewBefore, "How long before the signing CA expires its successor joins the published bundles. 0 means a third of --ca-validity.")
@@ -242,8 +243,10 @@ func (o *Options) Validate() []error {
 		if len(o.SelfSignedHosts) == 0 {
 			errs = append(errs, errors.New("--self-signed-hosts: at least one name is required"))
 		}
-		if o.SelfSignedValidity <= 0 {
-			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be positive", o.SelfSignedValidity))
+		if o.SelfSignedValidity < dynamiccert.MinLifetime {
+			// X.509 cannot express less, and a leaf is re-issued at most
+			// once per dynamiccert.MinReissueInterval.
+			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at least %v", o.SelfSignedValidity, dynamiccert.MinLifetime))
 		} else if o.SelfSignedRenewBefore < 0 || o.SelfSignedRenewBefore >= o.SelfSignedValidity {
 			errs = append(errs, fmt.Errorf("--self-signed-renew-before: %v must be between 0 and --self-signed-validity (%v)", o.SelfSignedRenewBefore, o.SelfSignedValidity))
 		}

@@ -75,6 +75,7 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"--tls-cipher-suites=TLS_RSA_WITH_RC4_128_SHA"}, "--tls-cipher-suites"},
 		{[]string{"--self-signed-hosts="}, "--self-signed-hosts"},
 		{[]string{"--self-signed-validity=0s"}, "--self-signed-validity"},
+		{[]string{"--self-signed-validity=999ms"}, "--self-signed-validity: 999ms must be at least 1s"},
 		{[]string{"--self-signed-validity=1h", "--self-signed-renew-before=2h"}, "--self-signed-renew-before"},
 		{[]string{"--self-signed-validity=bogus"}, "--self-signed-validity"},
 		{[]string{"--tls-cert-file=a", "--tls-private-key-file=b", "--ca-bundle-file=x"}, "--ca-bundle-file"},
