@@ -198,20 +198,11 @@ func (i *issuer) run(ctx context.Context) {
 		case <-i.kick:
 		default:
 		}
-		started := i.cfg.clock.Now()
 		next, err := i.check(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		wait, backingOff := retry.after(next, err, i.cfg.checkInterval)
-		if !backingOff && wait < i.cfg.checkInterval {
-			// A deadline (a renewal, a publication) is due next after
-			// started; the timer starts now. Time the clock moved while
-			// check ran (a slow API call, a pause, a test's fake clock
-			// stepped) must not push the deadline back. Polls keep their
-			// full interval, so a slow API cannot make checks back to back.
-			wait = max(0, wait-i.cfg.clock.Since(started))
-		}
 		kick := i.kick
 		if backingOff {
 			kick = nil
