@@ -271,11 +271,13 @@ func TestAttackSkewJumpKeepsLastLeaf(t *testing.T) {
 // first check, the synchronous RunOnce every server makes at start, ran
 // before its Lease watch had listed anyone: with no peer known, its clock
 // alone decided that the CA had expired and replaced it, the outage of the
-// lagging case in reverse. It must list its peers before it decides, find
-// them behind, and write nothing.
+// lagging case in reverse. It must list its peers before it decides, refuse
+// to replace a CA that has expired only on its own clock, find its clock
+// ahead once it has watched them renew, and write nothing.
 func TestAttackSkewRestartedReplicaListsPeersFirst(t *testing.T) {
 	w := &skewWorld{client: fake.NewClientset(), base: clocktesting.NewFakeClock(testNow), recorder: certreporttest.NewRecorder()}
 	optimistic(w.client)
+	w.secretWritesN = secretWrites(w.client)
 	for _, id := range []string{"healthy-0", "healthy-1"} {
 		a, err := NewAuthority(AuthorityConfig{
 			Name: t.Name() + "/" + id, Namespace: "ns", SecretName: "ca", Client: w.client, ReplicaID: id,
@@ -307,8 +309,14 @@ func TestAttackSkewRestartedReplicaListsPeersFirst(t *testing.T) {
 	assert.Equal(t, string(ca), string(w.secret(t).Data[corev1.TLSCertKey]), "the shared CA was replaced")
 	assert.Zero(t, skewed.Status().UnsafeRotations)
 
+	// Its first check found the CA expired on its clock alone. Once it has
+	// watched its peers renew, it also knows its clock leads.
 	runInBackground(t, skewed.Run)
-	waitFor(t, "the restarted replica reporting the skew", func() bool { return skewed.Status().ClockSkew != "" })
+	w.loops = 6 // each replica's issuer and Lease loops
+	w.step(t, 2*time.Minute)
+	waitFor(t, "the restarted replica finding its clock ahead", func() bool {
+		return strings.Contains(skewed.Status().ClockSkew, "this clock is ahead")
+	})
 	assert.Zero(t, w.skewedWrites.Load(), "Secret writes by the restarted replica whose clock leads")
 	assert.Equal(t, string(ca), string(w.secret(t).Data[corev1.TLSCertKey]), "the shared CA was replaced")
 	w.checkHealthy(t)

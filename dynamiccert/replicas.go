@@ -101,6 +101,12 @@ type seenLease struct {
 	// jumped): delta no longer compares the clocks as they are now, until
 	// the next renewal is seen.
 	stale bool
+	// firstSeen: this is the first version of the Lease this process saw
+	// (a list at start, or a replica that just started), not a renewal it
+	// watched happen. Its renewTime may be old by any amount (a replica
+	// that died a moment ago), so delta still bounds the writer's clock
+	// from below but says nothing of it being behind ours.
+	firstSeen bool
 	// clocksAhead are the replica IDs its announcement says are ahead of
 	// its own clock (AuthorityClocksAheadAnnotation).
 	clocksAhead []string
@@ -392,10 +398,9 @@ func describeLeaseError(err error) error {
 // listOnce lists the other replicas' Leases once, before this process
 // decides anything on the CA state: until then it knows no peer, and a
 // replica whose clock is off would judge alone (Authority.clockSkew). The
-// watch in run keeps them current afterwards. A list that fails is
-// reported and tried again at the next check; one that RBAC forbids is not
-// tried again (the watch reports it), as other replicas then cannot count
-// this one either.
+// watch in run keeps them current afterwards. A list that fails is tried
+// again at the next check, one that RBAC forbids is not; the watch reports
+// both.
 func (r *replicaSet) listOnce(ctx context.Context) {
 	r.mu.Lock()
 	done := r.listed
@@ -406,7 +411,9 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 	selector := labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: r.authority}).String()
 	list, err := r.client.CoordinationV1().Leases(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
-		_ = r.watchReport.failed(fmt.Errorf("listing replica leases in %s: %w", r.namespace, describeLeaseError(err)))
+		// The watch reports it (one failure, one message); here it only
+		// decides whether to try again.
+		klog.FromContext(ctx).V(2).Info("Listing replica leases failed", "provider", r.report.Provider(), "err", describeLeaseError(err))
 		if apierrors.IsForbidden(err) {
 			r.mu.Lock()
 			r.listed = true
@@ -501,7 +508,7 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 		return false
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
-		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation]), clocksAhead: ahead}
+		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation]), clocksAhead: ahead, firstSeen: prev == nil}
 	if l.Spec.RenewTime != nil {
 		s.delta, s.hasDelta = l.Spec.RenewTime.Sub(now), true
 	}
@@ -539,7 +546,7 @@ func (r *replicaSet) clockClass(l *seenLease) int {
 		return 0
 	case l.delta > r.skew:
 		return 1
-	case l.delta+l.duration/3 < -r.skew:
+	case l.delta+l.duration/3 < -r.skew && !l.firstSeen:
 		return -1
 	}
 	return 0
