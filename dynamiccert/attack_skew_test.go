@@ -105,3 +105,41 @@ func TestAttackSkewWithinToleranceRetire(t *testing.T) {
 		assert.Zero(t, a.Status().UnsafeRotations, fmt.Sprint(a.Name()))
 	}
 }
+
+// TestAttackSkewJudgedAtTheDecisionsTime: the clock-skew judgement and the
+// decision it guards must look at one instant. The issuer reads the time,
+// then the store reads the Secret and judges it; a clock that moved in
+// between (a pause, a step) used to be judged at the later time, which
+// found a CA valid that the decision, at the earlier time, found not yet
+// valid and replaced: an unsafe rotation over the CA every other replica
+// trusts (seen once in TestAttackSkewBeyondToleranceConverges under load).
+func TestAttackSkewJudgedAtTheDecisionsTime(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	writes := secretWrites(client)
+	base := clocktesting.NewFakeClock(testNow)
+	fast := skewedReplica(t, client, base, "fast", 3*time.Hour, nil)
+	waitFor(t, "the fast replica's CA", func() bool { return fast.Leaf() != nil })
+	settle(t, base, 1, client, writes, 3, fast)
+
+	cfg := AuthorityConfig{
+		Name: "attack-skew-judged", Namespace: "ns", SecretName: "ca", Client: client, ReplicaID: "judged",
+		Hosts: []string{"localhost"}, Clock: base, DisableReplicaAnnouncements: true,
+	}
+	a, err := NewAuthority(cfg)
+	require.NoError(t, err)
+	decideAt := base.Now()
+	base.Step(2*time.Hour + time.Minute) // the fast CA is valid from here on
+	before := writes.Load()
+	decided := false
+	_, err = a.store.update(context.Background(), decideAt, func(cs *caSet) (bool, error) {
+		decided = true
+		changed, _, err := a.sched.advance(cs, decideAt, observation{all: a.observed, local: a.locallyObserved})
+		return changed, err
+	})
+	var skew *clockSkewError
+	require.ErrorAs(t, err, &skew, "the CA is not yet valid at the time of the decision")
+	assert.Contains(t, skew.reason, "this clock is behind")
+	assert.False(t, decided, "decided on a CA the judgement never saw as not yet valid")
+	assert.Equal(t, before, writes.Load(), "Secret writes")
+}

@@ -336,12 +336,12 @@ func (s *secretStore) run(ctx context.Context, _ func()) {
 	s.src.run(ctx)
 }
 
-func (s *secretStore) update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (s *secretStore) update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
 	const attempts = 5
 	var err error
 	for range attempts {
 		var st *caSet
-		st, err = s.updateOnce(ctx, decide)
+		st, err = s.updateOnce(ctx, now, decide)
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			return st, err
 		}
@@ -351,7 +351,7 @@ func (s *secretStore) update(ctx context.Context, decide func(*caSet) (bool, err
 	return nil, err
 }
 
-func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
 	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
 	secret, err := secrets.Get(ctx, s.cfg.SecretName, metav1.GetOptions{})
 	exists := err == nil
@@ -373,7 +373,6 @@ func (s *secretStore) updateOnce(ctx context.Context, decide func(*caSet) (bool,
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	now := s.cfg.Clock.Now()
 	var skew string
 	var waiting bool
 	if s.judge != nil {

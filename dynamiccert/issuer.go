@@ -87,7 +87,11 @@ type caStore interface {
 	// update reads the current state, lets decide change it, writes it back
 	// when decide reports a change, and returns the state now in force. A
 	// write conflict is resolved inside by re-reading and deciding again.
-	update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error)
+	// now is the time decide decides at: whatever the store judges by the
+	// clock (Authority.clockSkew) must use the same instant, or a clock
+	// that moves between the two (a pause, a step) lets decide act on a
+	// time the judgement never saw.
+	update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error)
 	// run follows the store until ctx is done, calling kick when it changed
 	// underneath; stores that cannot change underneath return at once.
 	run(ctx context.Context, kick func())
@@ -233,7 +237,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	now := i.cfg.clock.Now()
 	var unsafe bool
 	var skew *clockSkewError
-	st, err := i.store.update(ctx, func(cs *caSet) (bool, error) {
+	st, err := i.store.update(ctx, now, func(cs *caSet) (bool, error) {
 		changed, u, err := i.sched.advance(cs, now, observation{all: i.observed, local: i.locallyObserved})
 		unsafe = u
 		return changed, err
@@ -454,7 +458,7 @@ func (i *issuer) reissueFloor(now time.Time) (time.Time, bool) {
 // memoryStore keeps the CA state in memory (SelfSigned).
 type memoryStore struct{ cs caSet }
 
-func (m *memoryStore) update(_ context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (m *memoryStore) update(_ context.Context, _ time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
 	work := m.cs.clone()
 	if _, err := decide(&work); err != nil {
 		return nil, err

@@ -142,8 +142,8 @@ type churningStore struct {
 	now func() time.Time
 }
 
-func (c *churningStore) update(ctx context.Context, decide func(*caSet) (bool, error)) (*caSet, error) {
-	return c.memoryStore.update(ctx, func(cs *caSet) (bool, error) {
+func (c *churningStore) update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
+	return c.memoryStore.update(ctx, now, func(cs *caSet) (bool, error) {
 		if _, err := decide(cs); err != nil {
 			return false, err
 		}
