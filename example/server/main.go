@@ -37,7 +37,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := shutdownOnSignal()
 	defer stop()
 	if err := app.Run(ctx, opts, os.Stdout); err != nil {
 		klog.ErrorS(err, "Server failed")
@@ -45,4 +45,36 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// shutdownOnSignal returns a context that ends on the first SIGTERM or
+// SIGINT, which starts the graceful shutdown (bounded by
+// --shutdown-timeout). A second signal exits at once with status 1, as
+// Kubernetes servers do: an operator who presses Ctrl-C twice does not
+// wait out a long timeout.
+func shutdownOnSignal() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	done := make(chan struct{})
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		cancel()
+		select {
+		case s := <-sigs:
+			klog.InfoS("Second signal: exiting without waiting for the graceful shutdown", "signal", s.String())
+			klog.Flush()
+			os.Exit(1)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
+	}
 }
