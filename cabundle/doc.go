@@ -25,6 +25,9 @@
 //     APIServices that have a spec.service and do not set
 //     insecureSkipTLSVerify (the API server rejects that together with a
 //     caBundle).
+//   - ClusterTrustBundle (certificates.k8s.io/v1): spec.trustBundle. A
+//     named target of this kind owns its object and creates it when it is
+//     missing (see [ClusterTrustBundle] for the signer name and RBAC).
 //
 // No other field is ever written.
 //
@@ -173,9 +176,10 @@
 //
 // # RBAC
 //
-// All four kinds are cluster scoped, so the permissions go into a
-// ClusterRole. For each kind it targets, the identity needs the verbs list,
-// watch and patch, and nothing on the other kinds:
+// Every kind is cluster scoped, so the permissions go into a ClusterRole.
+// For each webhook, CRD or APIService kind it targets, the identity needs
+// the verbs list, watch and patch, and nothing on the other kinds
+// (ClusterTrustBundle needs more; see [ClusterTrustBundle]):
 //
 //	rules:
 //	- apiGroups: ["admissionregistration.k8s.io"]

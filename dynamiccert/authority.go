@@ -168,10 +168,10 @@ func (c *AuthorityConfig) complete() error {
 // leave their process.
 //
 // CA rotation is observed (see the package documentation): a successor CA
-// first joins ca.crt, signs only once PropagationDelay (plus SkewTolerance)
-// has passed, every Observer confirmed it and every live replica announced
-// (in its Lease) that it has loaded it; the old CA stays in ca.crt until it
-// expires. Replicas converge with optimistic concurrency (resourceVersion):
+// first joins ca.crt, signs only once PropagationDelay has passed (on each
+// replica's own clock, from when it first saw the successor), every
+// Observer confirmed it and every live replica announced (in its Lease)
+// that it has loaded it; the old CA stays in ca.crt until it expires. Replicas converge with optimistic concurrency (resourceVersion):
 // a write conflict means re-read and decide again, not an error. A replica
 // never replaces a CA that is valid within the skew tolerance, so replicas
 // whose clocks disagree by up to SkewTolerance do not undo each other's
