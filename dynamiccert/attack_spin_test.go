@@ -9,32 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/utils/clock"
-	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/clocktest"
 )
-
-// realTimers is the fake clock with one property of real timers the fake
-// lacks: a timer for zero or less fires at once (time.NewTimer(0)), where
-// the fake one waits for the next step. It counts such timers.
-type realTimers struct {
-	*clocktesting.FakeClock
-	immediate atomic.Int64
-}
-
-type firedTimer struct{ c chan time.Time }
-
-func (t firedTimer) C() <-chan time.Time      { return t.c }
-func (t firedTimer) Stop() bool               { return false }
-func (t firedTimer) Reset(time.Duration) bool { return false }
-func (c *realTimers) NewTimer(d time.Duration) clock.Timer {
-	if d > 0 {
-		return c.FakeClock.NewTimer(d)
-	}
-	c.immediate.Add(1)
-	ch := make(chan time.Time, 1)
-	ch <- c.Now()
-	return firedTimer{ch}
-}
 
 // TestAttackNoSpinWhileObserverPending: a successor has waited out its
 // minimum delay but an observer has not confirmed it (a caBundle target
@@ -46,7 +23,7 @@ func (c *realTimers) NewTimer(d time.Duration) clock.Timer {
 func TestAttackNoSpinWhileObserverPending(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", nil)
-	clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
+	clk := clocktest.NewRealTimers(testNow)
 	stuck := &testObserver{}
 	a := attackAuthority(t, client, clk, "attack-spin", func(c *AuthorityConfig) { c.Observers = []Observer{stuck} })
 	runInBackground(t, a.Run)
@@ -59,7 +36,7 @@ func TestAttackNoSpinWhileObserverPending(t *testing.T) {
 	// caught by its GET count instead of by a timeout.
 	before := gets.n.Load()
 	waitFor(t, "the loop to sleep", func() bool {
-		require.Less(t, gets.n.Load()-before, int64(100), "Secret GETs with the clock stopped: the Run loop spins (%d immediate timers)", clk.immediate.Load())
+		require.Less(t, gets.n.Load()-before, int64(100), "Secret GETs with the clock stopped: the Run loop spins (%d immediate timers)", clk.Immediate.Load())
 		return clk.HasWaiters() && len(a.kick) == 0
 	})
 	st := a.Status()
@@ -85,7 +62,7 @@ func (o *countingObserver) Observed(*x509.Certificate) bool {
 // TestAttackSelfSignedNoSpinWhileObserverPending is the same for
 // SelfSigned, where the busy loop burns a core instead of the API server.
 func TestAttackSelfSignedNoSpinWhileObserverPending(t *testing.T) {
-	clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
+	clk := clocktest.NewRealTimers(testNow)
 	obs := &countingObserver{}
 	s, err := NewSelfSigned(SelfSignedConfig{Name: "attack-spin-ss", Lifetime: time.Hour, Clock: clk, Observers: []Observer{obs}})
 	require.NoError(t, err)
@@ -99,7 +76,7 @@ func TestAttackSelfSignedNoSpinWhileObserverPending(t *testing.T) {
 	clk.Step(succ.SignsNoEarlierThan.Sub(clk.Now()) + time.Minute)
 	before := obs.asked.Load()
 	waitFor(t, "the loop to sleep", func() bool {
-		require.Less(t, obs.asked.Load()-before, int64(1000), "the Run loop spins (%d immediate timers)", clk.immediate.Load())
+		require.Less(t, obs.asked.Load()-before, int64(1000), "the Run loop spins (%d immediate timers)", clk.Immediate.Load())
 		return clk.HasWaiters() && len(s.kick) == 0
 	})
 	require.NotNil(t, s.Status().Successor)

@@ -8,7 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes/fake"
-	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/clocktest"
 )
 
 // TestAttackNoZeroWaits drives the loops through pauses, an outage and
@@ -17,7 +18,7 @@ import (
 // from a busy loop; none may.
 func TestAttackNoZeroWaits(t *testing.T) {
 	t.Run("SelfSigned pauses", func(t *testing.T) {
-		clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
+		clk := clocktest.NewRealTimers(testNow)
 		obs := &testObserver{}
 		s, err := NewSelfSigned(SelfSignedConfig{Name: "attack-zero-ss", Lifetime: time.Hour, Clock: clk, Observers: []Observer{obs}})
 		require.NoError(t, err)
@@ -33,14 +34,14 @@ func TestAttackNoZeroWaits(t *testing.T) {
 				}
 			}
 		}
-		assert.Zero(t, clk.immediate.Load())
+		assert.Zero(t, clk.Immediate.Load())
 		require.NoError(t, handshakeWith(t, s, s.CurrentCABundleContent(), clk.Now))
 	})
 	t.Run("Authority with Leases, outage and pauses", func(t *testing.T) {
 		client := fake.NewClientset()
 		optimistic(client)
 		gets := interceptSecrets(client, "get", nil)
-		clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
+		clk := clocktest.NewRealTimers(testNow)
 		mk := func(id string) *Authority {
 			a := attackAuthority(t, client, clk, "attack-zero-"+id, func(c *AuthorityConfig) {
 				c.DisableReplicaAnnouncements = false
@@ -62,7 +63,7 @@ func TestAttackNoZeroWaits(t *testing.T) {
 			}
 			gets.fail(nil)
 		}
-		assert.Zero(t, clk.immediate.Load())
+		assert.Zero(t, clk.Immediate.Load())
 		for _, r := range []*Authority{a, b} {
 			require.NoError(t, handshakeWith(t, r, r.CurrentCABundleContent(), clk.Now))
 		}

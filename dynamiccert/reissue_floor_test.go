@@ -11,7 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes/fake"
-	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/clocktest"
 )
 
 // leafCounter counts the distinct leaves a provider served, from its
@@ -51,13 +52,13 @@ func countLeaves(p interface {
 // stay within the floor and that the served leaf never expires. A Run loop
 // that re-issues without the clock moving is caught by its count, not by a
 // timeout.
-func reissueSteps(t *testing.T, clk *realTimers, c *leafCounter, kick chan struct{}, steps int, step time.Duration, poke func()) {
+func reissueSteps(t *testing.T, clk *clocktest.RealTimers, c *leafCounter, kick chan struct{}, steps int, step time.Duration, poke func()) {
 	t.Helper()
 	start := clk.Now()
 	bound := func() int { return int(clk.Now().Sub(start)/MinReissueInterval) + 1 }
 	settle := func() {
 		waitFor(t, "the Run loop to sleep on the clock", func() bool {
-			require.LessOrEqual(t, c.n(), bound(), "leaves issued by %s: faster than one per MinReissueInterval (%d immediate timers)", clk.Now().Sub(start), clk.immediate.Load())
+			require.LessOrEqual(t, c.n(), bound(), "leaves issued by %s: faster than one per MinReissueInterval (%d immediate timers)", clk.Now().Sub(start), clk.Immediate.Load())
 			return clk.HasWaiters() && len(kick) == 0
 		})
 	}
@@ -85,7 +86,7 @@ var offSecond = testNow.Add(900 * time.Millisecond)
 // provider now issues at most one leaf per MinReissueInterval, still renews
 // the leaf before it expires, and CA rotations go on.
 func TestSelfSignedOneSecondLifetimeDoesNotSpin(t *testing.T) {
-	clk := &realTimers{FakeClock: clocktesting.NewFakeClock(offSecond)}
+	clk := clocktest.NewRealTimers(offSecond)
 	s, err := NewSelfSigned(SelfSignedConfig{Name: "floor-ss", Lifetime: time.Second, Clock: clk})
 	require.NoError(t, err)
 	c := countLeaves(s)
@@ -103,7 +104,7 @@ func TestSelfSignedOneSecondLifetimeDoesNotSpin(t *testing.T) {
 // TestAuthorityOneSecondLifetimeDoesNotSpin is the same for the Authority's
 // leaf, whose CA lives in a Secret.
 func TestAuthorityOneSecondLifetimeDoesNotSpin(t *testing.T) {
-	clk := &realTimers{FakeClock: clocktesting.NewFakeClock(offSecond)}
+	clk := clocktest.NewRealTimers(offSecond)
 	a := attackAuthority(t, fake.NewClientset(), clk, "floor-authority", func(c *AuthorityConfig) { c.Lifetime = time.Second })
 	runInBackground(t, a.Run)
 	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
@@ -121,7 +122,7 @@ func TestAuthorityOneSecondLifetimeDoesNotSpin(t *testing.T) {
 // 10ms) is re-issued at most once per MinReissueInterval on the provider's
 // clock; the Run loop sleeps until the floor ends instead of spinning.
 func TestReissueFloorHoldsWhateverTheSchedule(t *testing.T) {
-	clk := &realTimers{FakeClock: clocktesting.NewFakeClock(testNow)}
+	clk := clocktest.NewRealTimers(testNow)
 	s, err := NewSelfSigned(SelfSignedConfig{Name: "floor-always-due", Lifetime: time.Hour, Clock: clk})
 	require.NoError(t, err)
 	c := countLeaves(s)

@@ -4,44 +4,17 @@ import (
 	"context"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/clock"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/clocktest"
 	"github.com/evercert/evercert/loopback"
 )
-
-// immediateTimers is a fake clock whose timers for zero or less fire at
-// once, as real ones do (the fake's wait for the next step), so a Run loop
-// that keeps finding work due without the clock moving spins here as it
-// does in production.
-type immediateTimers struct {
-	*clocktesting.FakeClock
-	immediate atomic.Int64
-}
-
-type firedTimer struct{ c chan time.Time }
-
-func (t firedTimer) C() <-chan time.Time      { return t.c }
-func (t firedTimer) Stop() bool               { return false }
-func (t firedTimer) Reset(time.Duration) bool { return false }
-
-func (c *immediateTimers) NewTimer(d time.Duration) clock.Timer {
-	if d > 0 {
-		return c.FakeClock.NewTimer(d)
-	}
-	c.immediate.Add(1)
-	ch := make(chan time.Time, 1)
-	ch <- c.Now()
-	return firedTimer{ch}
-}
 
 type serialSet struct {
 	mu   sync.Mutex
@@ -73,7 +46,7 @@ func (f listenerFunc) Enqueue() { f() }
 // and the loopback client verifies the server at every step.
 func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	start := time.Date(2030, 1, 1, 0, 0, 0, 900_000_000, time.UTC)
-	clk := &immediateTimers{FakeClock: clocktesting.NewFakeClock(start)}
+	clk := clocktest.NewRealTimers(start)
 	c, err := loopback.NewCertificate(loopback.CertificateConfig{Validity: loopback.MinValidity, Clock: clk})
 	require.NoError(t, err)
 	leaves := &serialSet{seen: map[string]bool{}}
@@ -96,7 +69,7 @@ func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	settle := func() {
 		deadline := time.Now().Add(30 * time.Second)
 		for !clk.HasWaiters() {
-			require.LessOrEqual(t, leaves.n(), bound(), "leaves issued by %v: faster than one per MinReissueInterval (%d immediate timers)", clk.Now().Sub(start), clk.immediate.Load())
+			require.LessOrEqual(t, leaves.n(), bound(), "leaves issued by %v: faster than one per MinReissueInterval (%d immediate timers)", clk.Now().Sub(start), clk.Immediate.Load())
 			require.False(t, time.Now().After(deadline), "the Run loop never slept on the clock")
 			time.Sleep(50 * time.Microsecond)
 		}
