@@ -81,7 +81,7 @@ func TestCompetingWriterIsContestedAndConverges(t *testing.T) {
 	if got := p.Contested(); !reflect.DeepEqual(got, []string{key}) {
 		t.Errorf("Contested() = %v, want [%s]", got, key)
 	}
-	if ev := rec.find(reasonContested); len(ev) != 1 || ev[0].eventtype != "Warning" || ev[0].name != name ||
+	if ev := rec.await(t, reasonContested); len(ev) != 1 || ev[0].eventtype != "Warning" || ev[0].name != name ||
 		ev[0].kind != string(MutatingWebhookConfiguration) || !strings.Contains(ev[0].note, "helm") {
 		t.Errorf("contested events %+v, want one Warning on the object naming helm", ev)
 	}
@@ -103,7 +103,7 @@ func TestCompetingWriterIsContestedAndConverges(t *testing.T) {
 		settle(actions)
 	}
 	t.Logf("converged %v (simulated) after the other writer stopped, with %d more writes", clk.Since(stopped), writes()-fightWrites)
-	if ev := rec.find(reasonUncontested); len(ev) != 1 || ev[0].eventtype != "Normal" {
+	if ev := rec.await(t, reasonUncontested); len(ev) != 1 || ev[0].eventtype != "Normal" {
 		t.Errorf("uncontested events %+v, want one Normal", ev)
 	}
 	// And it stays so, with no more writes.
@@ -201,7 +201,7 @@ func TestServerSideApplyDoesNotForceSilently(t *testing.T) {
 		clk.Step(time.Second)
 		settle(func() int { return len(f.kube.Actions()) })
 	}
-	if len(rec.find(reasonUncontested)) != 1 {
+	if len(rec.await(t, reasonUncontested)) != 1 {
 		t.Errorf("no uncontested event: %+v", rec.events)
 	}
 }

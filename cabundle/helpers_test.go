@@ -158,6 +158,16 @@ func (r *testRecorder) find(reason string) []recordedEvent {
 	return out
 }
 
+// await returns the events with reason once there is at least one. The
+// publisher makes its state visible (Contested, health, gauges) before it
+// sends the Event about it, so a test that saw the state must wait for the
+// Event rather than read it at once; it waits on the wall clock, bounded.
+func (r *testRecorder) await(t testing.TB, reason string) []recordedEvent {
+	t.Helper()
+	eventually(t, 10*time.Second, "an Event with reason "+reason, func() bool { return len(r.find(reason)) > 0 })
+	return r.find(reason)
+}
+
 // competitor simulates another writer of a MutatingWebhookConfiguration's
 // caBundle (Helm, cainjector, OLM): it watches the object and, every time
 // the first webhook's caBundle is not its own, writes its own back with an

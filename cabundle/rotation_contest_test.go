@@ -270,7 +270,7 @@ func TestReplicaStuckBehindIsContested(t *testing.T) {
 	if err := r.ps[0].HealthCheck().Check(nil); err == nil || !strings.Contains(err.Error(), DefaultFieldManager+" (another replica") {
 		t.Errorf("replica ahead: health %v, want a failure naming our own field manager", err)
 	}
-	if ev := r.rec.find(reasonContested); len(ev) == 0 {
+	if ev := r.rec.await(t, reasonContested); len(ev) == 0 {
 		t.Error("no contested Event")
 	}
 }
@@ -315,7 +315,7 @@ func TestOtherWriterAheadInRotationIsContested(t *testing.T) {
 	if got := r.ps[0].Contested(); !slices.Equal(got, []string{key}) {
 		t.Fatalf("Contested() = %v next to another field manager writing a later step of our rotation, want [%s]", got, key)
 	}
-	if ev := r.rec.find(reasonContested); len(ev) != 1 || !strings.Contains(ev[0].note, "rival") {
+	if ev := r.rec.await(t, reasonContested); len(ev) != 1 || !strings.Contains(ev[0].note, "rival") {
 		t.Errorf("contested Events %+v, want one naming rival", ev)
 	}
 }

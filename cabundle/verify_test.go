@@ -92,7 +92,7 @@ func TestVerifyDetectsWipedAndStaleBundles(t *testing.T) {
 	eventually(t, 5*time.Second, "repaired and verified again", func() bool {
 		return verifiedGauge(t, ValidatingWebhookConfiguration, name) == 1 && p.HealthCheck().Check(nil) == nil
 	})
-	if w := rec.find(reasonUnverified); len(w) != 1 || w[0].eventtype != corev1.EventTypeWarning || w[0].name != name || !strings.Contains(w[0].note, "field 0 is empty") {
+	if w := rec.await(t, reasonUnverified); len(w) != 1 || w[0].eventtype != corev1.EventTypeWarning || w[0].name != name || !strings.Contains(w[0].note, "field 0 is empty") {
 		t.Errorf("Warning events %s: %+v, want one about the empty field", reasonUnverified, w)
 	}
 	eventually(t, 5*time.Second, "recovery event", func() bool { return len(rec.find(reasonVerified)) == 1 })
