@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -17,8 +17,8 @@ build:
 
 ## test: everything CI runs (unit with -race, the allocation checks, end-to-end
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
-## rules, the controller-runtime recipe).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-e2e soak-short
+## rules, the controller-runtime recipe, the gRPC recipe).
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -70,6 +70,15 @@ test-controller-runtime:
 	@mkdir -p $(CURDIR)/tmp
 	cd test/controllerruntime && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/controller-runtime.log 2>&1 || { cat $(CURDIR)/tmp/controller-runtime.log; exit 1; }
 	@grep -E '^--- PASS: TestControllerRuntimeRecipe ' $(CURDIR)/tmp/controller-runtime.log || { echo 'test-controller-runtime: TestControllerRuntimeRecipe did not run'; cat $(CURDIR)/tmp/controller-runtime.log; exit 1; }
+
+## test-grpc: the README's gRPC recipe with a real grpc-go server and client:
+## leaf, CA and client-CA rotations under live calls, mTLS required
+## throughout. test/grpc is its own module, so the library takes no gRPC
+## dependency. Fails if the test did not run.
+test-grpc:
+	@mkdir -p $(CURDIR)/tmp
+	cd test/grpc && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/grpc.log 2>&1 || { cat $(CURDIR)/tmp/grpc.log; exit 1; }
+	@grep -E '^--- PASS: TestGRPCRecipe ' $(CURDIR)/tmp/grpc.log || { echo 'test-grpc: TestGRPCRecipe did not run'; cat $(CURDIR)/tmp/grpc.log; exit 1; }
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.

@@ -107,6 +107,13 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 		),
 	}
 
+	if c.base.Time == nil && cfg.Clock != nil {
+		// Client certificates are verified on the injected clock, the one
+		// that judges the served certificates: on a fake clock stepped
+		// ahead, a client leaf issued on it would be "not yet valid" by
+		// the wall clock and refused.
+		c.base.Time = cfg.Clock.Now
+	}
 	switch {
 	case cfg.ClientAuth != tls.NoClientCert:
 		c.clientAuth = cfg.ClientAuth

@@ -58,8 +58,10 @@ type ControllerConfig struct {
 	ClientAuth tls.ClientAuthType
 
 	// Clock checks a certificate's NotBefore and NotAfter when new content
-	// is parsed. It is only read, never waited on: the resync ticker always
-	// runs on real time. Default clock.RealClock{}.
+	// is parsed, and, when set and Base.Time is not, is the served
+	// config's Time: client certificates are verified on it too. It is only
+	// read, never waited on: the resync ticker always runs on real time.
+	// Default clock.RealClock{} (and crypto/tls's default Time).
 	Clock clock.WithTicker
 	// Name is the name of the controller's work queue and the name it logs
 	// under. Default DefaultName.

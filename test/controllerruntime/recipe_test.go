@@ -35,6 +35,7 @@ import (
 
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/rotationtest"
 	"github.com/evercert/evercert/sni"
 )
 
@@ -169,11 +170,11 @@ func TestControllerRuntimeRecipe(t *testing.T) {
 			// before, it could be the previous step's leaf, renewed
 			// while settled looked, and still served by a controller
 			// that had not rebuilt yet (failed once in CI).
-			if !settled(serving, clk.Now()) {
+			if !rotationtest.Settled(serving, clk.Now()) {
 				return false
 			}
 			leaf = serving.Leaf()
-			return servedSerial(ctrl) == leaf.SerialNumber.Text(16)
+			return rotationtest.DefaultServedSerial(ctrl) == leaf.SerialNumber.Text(16)
 		}, 30*time.Second, 5*time.Millisecond, "step %d: the provider did not settle, or its leaf is not served", step)
 		leaves[leaf.SerialNumber.Text(16)] = true
 		cas[string(leaf.AuthorityKeyId)] = true
@@ -236,33 +237,6 @@ func review(c *http.Client, url, name string) (*http.Response, error) {
 		return nil, fmt.Errorf("unexpected response %+v", r)
 	}
 	return resp, nil
-}
-
-// settled reports whether the provider's Run loop has caught up with now:
-// nothing its schedule does is due (leaf renewal, publishing a successor
-// CA, letting the successor sign). Only then is the leaf it holds the one
-// it serves at now.
-func settled(p *dynamiccert.SelfSigned, now time.Time) bool {
-	st := p.Status()
-	switch {
-	case p.Leaf() == nil || !p.RenewAt().After(now):
-		return false
-	case st.Successor == nil:
-		return st.Signing.NotAfter.Sub(now) > p.Config().CARenewBefore
-	default:
-		return st.Successor.SignsNoEarlierThan.After(now)
-	}
-}
-
-// servedSerial returns the serial of the certificate the controller serves
-// by default.
-func servedSerial(ctrl *sni.DynamicServingCertificateController) string {
-	for _, c := range ctrl.Served() {
-		if c.IsDefault {
-			return c.Serial
-		}
-	}
-	return ""
 }
 
 func freePort(t *testing.T) int {
