@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -137,6 +138,27 @@ func TestAddWebhookThroughRotationsOnNonLeader(t *testing.T) {
 	})
 	require.NoError(t, err)
 
+	// At the moment Ready closes, the configuration must already hold
+	// the bundle (read from the API server right then).
+	atReady := make(chan error, 1)
+	go func() {
+		select {
+		case <-certs.Ready():
+		case <-ctx.Done():
+			atReady <- ctx.Err()
+			return
+		}
+		vwc, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(), vwcName, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			atReady <- fmt.Errorf("Ready closed, but reading the webhook configuration: %w", err)
+		case len(vwc.Webhooks[0].ClientConfig.CABundle) == 0:
+			atReady <- errors.New("Ready closed before the caBundle was published")
+		default:
+			atReady <- nil
+		}
+	}()
+
 	started := make(chan error, 1)
 	go func() { started <- mgr.Start(ctx) }()
 	t.Cleanup(func() {
@@ -188,6 +210,7 @@ func TestAddWebhookThroughRotationsOnNonLeader(t *testing.T) {
 		status, body, _ = get(readyz)
 		t.Fatalf("Ready not closed; /readyz/%s: %d %s", CheckName, status, body)
 	}
+	require.NoError(t, <-atReady)
 	// (e) The ready check passes (a CA rotation can make it fail for a
 	// moment, so poll).
 	require.Eventually(t, func() bool {
