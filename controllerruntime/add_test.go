@@ -191,6 +191,9 @@ func TestAddWebhookThroughRotationsOnNonLeader(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusInternalServerError, status, "ready before the webhook configuration exists: %s", body)
 	assert.Contains(t, body, "ValidatingWebhookConfiguration/"+vwcName+": not published yet")
+	// The gate's condition, read now (the Ready channel follows it within
+	// a poll period, so reading the channel here would prove nothing).
+	assert.False(t, certs.gateOpen(), "the gate is open before the webhook configuration exists")
 	select {
 	case <-certs.Ready():
 		t.Fatal("Ready closed before the webhook configuration exists")
