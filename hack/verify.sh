@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Static checks: gofmt, go vet and staticcheck (pinned, installed into ./bin),
-# in the main module and in the nested modules.
+# in the main module and in the nested modules (listed below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +23,7 @@ go vet -tags e2e,soak,fips ./...
 echo "staticcheck"
 "$BIN/staticcheck" -tags e2e,soak,fips ./...
 # Nested modules with Go code of their own (gofmt above covers their files).
-for mod in test/controllerruntime test/grpc; do
+for mod in test/controllerruntime test/grpc controllerruntime; do
   echo "go vet ($mod)"
   (cd "$mod" && go vet ./...)
   echo "staticcheck ($mod)"

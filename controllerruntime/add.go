@@ -1,0 +1,218 @@
+package controllerruntime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/sni"
+)
+
+// userAgent is added to the manager's rest.Config for evercert's requests,
+// so they can be told apart in the API server's audit log and metrics.
+const userAgent = "evercert-controllerruntime"
+
+// recorderName is the reportingController of the Events evercert sends
+// through the manager's events.k8s.io recorder.
+const recorderName = "evercert"
+
+// Add wires everything into mgr as Runnables with NeedLeaderElection()
+// false (every replica serves its own leaf, whether it leads or not): the
+// source (an Authority keeping its CA in the Secret Namespace/SecretName by
+// default, or Config.Source), the cabundle.Publisher that keeps the CA
+// bundle in every target, and the sni controller that serves the leaf. They
+// log through mgr's logger (named "evercert"), send Events through mgr's
+// events.k8s.io recorder, and share mgr's HTTP client.
+//
+// When mgr.GetWebhookServer() is a *webhook.DefaultServer (the default), Add
+// appends TLSOpts() to its Options.TLSOpts, so the webhook server (admission
+// and conversion webhooks) serves evercert's certificate with no other line;
+// the server's other options (ClientCAName, MinVersion, NextProtos) stay in
+// force. Add does not call GetWebhookServer (which would create and start a
+// server) when every target is an APIService: an aggregated API server uses
+// TLSOpts() itself.
+//
+// Add registers HealthzCheck and ReadyzCheck on mgr under CheckName
+// ("evercert"). It must be called before mgr.Start; after, it returns an
+// error and changes nothing. A bad Config is an error naming the field.
+func Add(mgr manager.Manager, cfg Config) (*Certs, error) {
+	c, err := add(mgr, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("evercert controllerruntime.Add: %w", err)
+	}
+	return c, nil
+}
+
+func add(mgr manager.Manager, cfg Config) (*Certs, error) {
+	if mgr == nil {
+		return nil, errors.New("the manager is nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	restConfig := rest.AddUserAgent(rest.CopyConfig(mgr.GetConfig()), userAgent)
+	httpClient := mgr.GetHTTPClient()
+	kube, err := kubernetes.NewForConfigAndClient(restConfig, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("building the Kubernetes client from the manager's config: %w", err)
+	}
+	recorder := mgr.GetEventRecorder(recorderName)
+
+	c := &Certs{clock: cfg.Clock, ready: make(chan struct{})}
+	var runs []namedRun
+	source, bundle := cfg.Source, cfg.CABundle
+	if source == nil {
+		ac := cfg.Authority
+		ac.Namespace, ac.SecretName = cfg.Namespace, cfg.SecretName
+		if len(ac.Hosts) == 0 {
+			ac.Hosts = cfg.hosts()
+		}
+		if ac.Client == nil {
+			ac.Client = kube
+		}
+		if ac.EventRecorder == nil {
+			ac.EventRecorder = recorder
+		}
+		if ac.Clock == nil {
+			ac.Clock = cfg.Clock
+		}
+		authority, err := dynamiccert.NewAuthority(ac)
+		if err != nil {
+			return nil, fmt.Errorf("Config.Authority: %w", err)
+		}
+		source = authority
+		if bundle == nil {
+			bundle = authority
+		}
+		c.rotation = authority
+	} else if r, ok := source.(dynamiccert.RotationReporter); ok {
+		c.rotation = r
+	}
+	c.source = source
+	if r, ok := source.(runner); ok {
+		runs = append(runs, namedRun{"source", func(ctx context.Context) { r.Run(ctx, 1) }})
+	}
+	if r, ok := bundle.(runner); ok && !sameProvider(bundle, source) {
+		runs = append(runs, namedRun{"ca-bundle", func(ctx context.Context) { r.Run(ctx, 1) }})
+	}
+
+	if targets := cfg.targets(); len(targets) > 0 {
+		ext, err := apiextensionsclient.NewForConfigAndClient(restConfig, httpClient)
+		if err != nil {
+			return nil, fmt.Errorf("building the apiextensions client from the manager's config: %w", err)
+		}
+		agg, err := aggregatorclient.NewForConfigAndClient(restConfig, httpClient)
+		if err != nil {
+			return nil, fmt.Errorf("building the aggregator client from the manager's config: %w", err)
+		}
+		c.publisher, err = cabundle.NewPublisher(cabundle.PublisherConfig{
+			Source: bundle, Targets: targets,
+			KubeClient: kube, APIExtensionsClient: ext, AggregatorClient: agg,
+			Clock: cfg.Clock, EventRecorder: recorder,
+			// The readiness check then also fails while a target's
+			// caBundle does not verify this replica's leaf.
+			Verify: []dynamiccert.ServedChainLister{dynamiccert.ServedBy(source)},
+		})
+		if err != nil {
+			return nil, err
+		}
+		// Observed rotation: a successor CA signs only once every target,
+		// read back from the API server, holds it.
+		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+			o.AddObserver(c.publisher)
+		}
+		runs = append(runs, namedRun{"cabundle", func(ctx context.Context) { c.publisher.Run(ctx, 0) }}) // 0: DefaultWorkers
+	}
+
+	c.ctrl, err = sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: source, Clock: cfg.Clock, Name: "evercert"})
+	if err != nil {
+		return nil, fmt.Errorf("the serving controller: %w", err)
+	}
+	runs = append(runs, namedRun{"serving", func(ctx context.Context) { c.ctrl.Run(ctx, 1) }}, namedRun{"ready", c.waitReady})
+
+	// The checks first: controller-runtime refuses them once the manager
+	// has started, so nothing else is changed by a late call.
+	if err := mgr.AddHealthzCheck(CheckName, c.HealthzCheck()); err != nil {
+		return nil, fmt.Errorf("adding the health check %q (call Add before the manager starts): %w", CheckName, err)
+	}
+	if err := mgr.AddReadyzCheck(CheckName, c.ReadyzCheck()); err != nil {
+		return nil, fmt.Errorf("adding the ready check %q (call Add before the manager starts): %w", CheckName, err)
+	}
+	logger := mgr.GetLogger().WithName("evercert")
+	for _, r := range runs {
+		if err := mgr.Add(everyReplica{name: r.name, logger: logger, run: r.run}); err != nil {
+			return nil, fmt.Errorf("adding the %s runnable: %w", r.name, err)
+		}
+	}
+	if !onlyAPIServices(cfg.targets()) {
+		if ws, ok := mgr.GetWebhookServer().(*webhook.DefaultServer); ok {
+			ws.Options.TLSOpts = append(ws.Options.TLSOpts, c.TLSOpts())
+		}
+	}
+	return c, nil
+}
+
+// namedRun is a Run loop and the name its Runnable logs under.
+type namedRun struct {
+	name string
+	run  func(ctx context.Context)
+}
+
+// everyReplica is a manager Runnable that runs on every replica, leader or
+// not, until the manager stops. Its Run loop logs through the manager's
+// logger, passed in the context.
+type everyReplica struct {
+	name   string
+	logger klog.Logger
+	run    func(ctx context.Context)
+}
+
+var (
+	_ manager.Runnable               = everyReplica{}
+	_ manager.LeaderElectionRunnable = everyReplica{}
+)
+
+// Start runs the loop until ctx is done.
+func (r everyReplica) Start(ctx context.Context) error {
+	r.run(klog.NewContext(ctx, r.logger.WithValues("runnable", r.name)))
+	return nil
+}
+
+// NeedLeaderElection is false: each replica serves its own leaf.
+func (r everyReplica) NeedLeaderElection() bool { return false }
+
+// sameProvider reports whether bundle and source are the same object (an
+// Authority or SelfSigned serving both), so it is run once.
+func sameProvider(bundle, source any) (same bool) {
+	defer func() {
+		if recover() != nil { // incomparable dynamic types: not the same
+			same = false
+		}
+	}()
+	return bundle == source
+}
+
+// onlyAPIServices reports whether there are targets and all are
+// APIServices.
+func onlyAPIServices(ts []cabundle.Target) bool {
+	for _, t := range ts {
+		if t.Kind != cabundle.APIService {
+			return false
+		}
+	}
+	return len(ts) > 0
+}
