@@ -72,8 +72,6 @@ type Options struct {
 	RepoRoot string
 	// GOARCH of the image. Default runtime.GOARCH. The OS is always linux.
 	GOARCH string
-	// Go is the go command. Default "go".
-	Go string
 }
 
 // Build compiles e statically for linux and returns it as an image: one
