@@ -225,11 +225,6 @@ func exampleImage(t testing.TB, name string) *unpacked {
 // bin returns the path of the image's entrypoint under its unpacked root.
 func (u *unpacked) bin() string { return filepath.Join(u.root, filepath.FromSlash(u.entrypoint[0])) }
 
-// gvr is shorthand for the tables.
-func gvr(group, resource string) schema.GroupResource {
-	return schema.GroupResource{Group: group, Resource: resource}
-}
-
 var apiServicesGVR = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
 
 func unstructuredString(obj map[string]any, path ...string) (string, bool, error) {
