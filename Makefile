@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -17,9 +17,9 @@ build:
 
 ## test: everything CI runs (unit with -race, the allocation checks, end-to-end
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
-## rules, the controller-runtime recipe, the gRPC recipe, the controllerruntime
-## module).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-e2e soak-short
+## rules, the recipes (controller-runtime, gRPC), the nested modules
+## (controllerruntime, migrations, deploy manifests and images).
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -92,6 +92,29 @@ test-controllerruntime-lib: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v . > $(CURDIR)/tmp/controllerruntime-lib.log 2>&1 || { cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }
 	@for t in $(CONTROLLERRUNTIME_LIB_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/controllerruntime-lib.log || { echo "test-controllerruntime-lib: $$t did not pass"; cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }; done
+
+## test-deploy: the kustomize bases of deploy/kustomize and the container
+## images (test/deploy, its own module): each base rendered with the
+## kustomize API and server-side applied (dryRun=All) to a real
+## kube-apiserver; every request of each example allowed to its
+## ServiceAccount and near misses denied (SubjectAccessReviews); every flag
+## of the Deployments taken by the binary; each image built (make image's
+## builder), unpacked and run, serving TLS and /readyz 200, the webhook,
+## signer and apiserver as their ServiceAccount. Fails if a test did not run.
+DEPLOY_TESTS := TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe
+test-deploy: kube-bin
+	@mkdir -p $(CURDIR)/tmp
+	cd test/deploy && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 30m ./... > $(CURDIR)/tmp/deploy.log 2>&1 || { cat $(CURDIR)/tmp/deploy.log; exit 1; }
+	@for t in $(DEPLOY_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/deploy.log || { echo "test-deploy: $$t did not run"; cat $(CURDIR)/tmp/deploy.log; exit 1; }; done
+	@grep -E '^(--- |ok )' $(CURDIR)/tmp/deploy.log
+
+## image: the examples' container images (static binaries on an empty base,
+## user 65532), built without a Docker daemon or a base image pull, each
+## written as an OCI image layout in tmp/images/<name>. IMAGE_ARGS go to the
+## builder, e.g. IMAGE_ARGS='--examples webhook --push REGISTRY/evercert/example-{name}:v1'.
+IMAGE_ARGS ?=
+image:
+	cd test/deploy && $(GO) run ./cmd/image --repo-root $(CURDIR) --out $(CURDIR)/tmp/images $(IMAGE_ARGS)
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.

@@ -1,0 +1,246 @@
+// Package image builds evercert's example programs into OCI container
+// images without a Docker daemon and without pulling a base image: each
+// image is a static binary (CGO_ENABLED=0) in one layer on an empty base,
+// run as user 65532, written as an OCI image layout directory. cmd/image is
+// the command line (make image); test/deploy's tests build the same images
+// and run what they unpack.
+//
+// See docs/architecture.md for how the packages fit together; this package
+// lives in the nested module test/deploy so that the library takes no
+// go-containerregistry dependency.
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// User is the numeric user (and group) the images run as: no passwd file is
+// needed, and it matches the manifests' runAsUser (distroless' "nonroot").
+const User = "65532:65532"
+
+// BinDir is the directory of the binary inside the image.
+const BinDir = "/usr/local/bin"
+
+// Example is one program of the repository to package.
+type Example struct {
+	// Name is the image's and the binary's name, e.g. "webhook".
+	Name string
+	// Package is the Go package path relative to the repository root,
+	// e.g. "./example/webhook".
+	Package string
+}
+
+// Examples are the programs make image builds, in the order it builds them.
+var Examples = []Example{
+	{Name: "server", Package: "./example/server"},
+	{Name: "webhook", Package: "./example/webhook"},
+	{Name: "apiserver", Package: "./example/apiserver"},
+	{Name: "signer", Package: "./example/signer"},
+}
+
+// Lookup returns the example named name.
+func Lookup(name string) (Example, bool) {
+	for _, e := range Examples {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return Example{}, false
+}
+
+// Options say how to build.
+type Options struct {
+	// RepoRoot is the repository's root directory (holding go.mod).
+	// Required.
+	RepoRoot string
+	// GOARCH of the image. Default runtime.GOARCH. The OS is always linux.
+	GOARCH string
+}
+
+// Build compiles e statically for linux and returns it as an image: one
+// layer holding BinDir/<name>, Entrypoint that binary, User 65532, OCI media
+// types, no creation time (the same source gives the same image).
+func Build(ctx context.Context, e Example, o Options) (v1.Image, error) {
+	if o.RepoRoot == "" {
+		return nil, fmt.Errorf("image %s: RepoRoot is required", e.Name)
+	}
+	goarch := o.GOARCH
+	if goarch == "" {
+		goarch = runtime.GOARCH
+	}
+	tmp, err := os.MkdirTemp("", "evercert-image-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, e.Name)
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, e.Package)
+	build.Dir = o.RepoRoot
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("image %s: go build %s: %w\n%s", e.Name, e.Package, err, out)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return nil, err
+	}
+	layerTar, err := singleFileTar(path.Join(BinDir, e.Name), data)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", e.Name, err)
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, fmt.Errorf("image %s: layer: %w", e.Name, err)
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err = mutate.AppendLayers(img, layer)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", e.Name, err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", e.Name, err)
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture = "linux", goarch
+	cfg.Config.Entrypoint = []string{path.Join(BinDir, e.Name)}
+	cfg.Config.User = User
+	cfg.Config.WorkingDir = "/"
+	cfg.Config.Labels = map[string]string{
+		"org.opencontainers.image.title":  "evercert-example-" + e.Name,
+		"org.opencontainers.image.source": "https://github.com/evercert/evercert",
+	}
+	img, err = mutate.ConfigFile(img, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: config: %w", e.Name, err)
+	}
+	return img, nil
+}
+
+// singleFileTar returns a tar holding the directories of name and name
+// itself (mode 0755, owned by root, times zero).
+func singleFileTar(name string, data []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dir := ""
+	for _, part := range strings.Split(strings.Trim(path.Dir(name), "/"), "/") {
+		dir += part + "/"
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(name, "/"), Mode: 0o755, Size: int64(len(data)), Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteLayout writes img as an OCI image layout in dir (replacing what was
+// there), its manifest annotated with the reference name tag.
+func WriteLayout(dir string, img v1.Image, tag string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": tag,
+	})); err != nil {
+		return fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ReadLayout returns the first image of the OCI image layout in dir.
+func ReadLayout(dir string) (v1.Image, error) {
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	if len(m.Manifests) == 0 {
+		return nil, fmt.Errorf("OCI layout %s: no image", dir)
+	}
+	return idx.Image(m.Manifests[0].Digest)
+}
+
+// Unpack writes the image's flattened file system under root, which must
+// exist, and returns the image's config. Only directories and regular files
+// are expected (an image Build made); anything else, or a path leaving
+// root, is an error.
+func Unpack(img v1.Image, root string) (*v1.ConfigFile, error) {
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return cfg, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unpack: %w", err)
+		}
+		target := filepath.Join(root, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(target, filepath.Clean(root)+string(filepath.Separator)) {
+			return nil, fmt.Errorf("unpack: %q leaves the root", h.Name)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return nil, err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return nil, err
+			}
+			f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o777)
+			if err != nil {
+				return nil, err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("unpack: %q: unexpected type %q", h.Name, h.Typeflag)
+		}
+	}
+}
