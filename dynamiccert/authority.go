@@ -367,7 +367,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	case err != nil && ctx.Err() != nil:
 		return nil, ctx.Err()
 	case err != nil:
-		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err))
+		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
 	}
 	st, err := parseAuthoritySecret(secret)
 	if err != nil {
@@ -419,7 +419,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 			return nil, ctx.Err()
 		}
 		if err != nil {
-			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err))
+			verbs := "update on this Secret"
+			if !exists {
+				verbs = "create on secrets in the namespace, or pre-create the Secret and set DisableCreate"
+			}
+			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err, verbs))
 		}
 		s.lastWrite = secret.ResourceVersion
 		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,

@@ -111,7 +111,7 @@ func (s *secretSource) runOnce(ctx context.Context) error {
 		return ctx.Err() // cancelled by the caller, not a failure of the Secret
 	}
 	if err != nil {
-		return s.report.failed(fmt.Errorf("reading secret %s: %w", s.key, describeAPIError(err)))
+		return s.report.failed(fmt.Errorf("reading secret %s: %w", s.key, describeAPIError(err, readVerbs)))
 	}
 	return s.handle(secret)
 }
@@ -139,7 +139,7 @@ func (s *secretSource) run(ctx context.Context) {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
 			return // the server closed the watch (the reflector re-lists), or we are stopping
 		}
-		_ = s.report.failed(fmt.Errorf("watching secret %s: %w", s.key, describeAPIError(err)))
+		_ = s.report.failed(fmt.Errorf("watching secret %s: %w", s.key, describeAPIError(err, readVerbs)))
 	})
 	onChange := func(obj any) {
 		if secret, ok := obj.(*corev1.Secret); ok {
@@ -154,14 +154,18 @@ func (s *secretSource) run(ctx context.Context) {
 	informer.RunWithContext(ctx)
 }
 
+// readVerbs are what every Secret source reads its Secret with.
+const readVerbs = "get, list and watch on this Secret"
+
 // describeAPIError turns the API errors a Secret source meets into messages
-// an operator can act on.
-func describeAPIError(err error) error {
+// an operator can act on; verbs are what RBAC must allow for the request
+// that failed, so a denied create is not reported as a missing get.
+func describeAPIError(err error, verbs string) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("not found: %w", err)
 	case apierrors.IsForbidden(err):
-		return fmt.Errorf("forbidden (RBAC must allow get, list and watch on this Secret): %w", err)
+		return fmt.Errorf("forbidden (RBAC must allow %s): %w", verbs, err)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("unauthorized (check the client's credentials): %w", err)
 	}
