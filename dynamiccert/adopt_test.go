@@ -18,18 +18,23 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// foreignCA is another rotator's CA and the serving leaf it signed, as
-// they were at testNow: the CA was made an hour earlier and ends three
-// hours later, well before a CA of the adopting Authority would.
+// foreignCA is another rotator's CA and the serving leaf it signed: made a
+// minute before testNow and not backdated (cert-manager and knative set
+// NotBefore to the time of issue), ending in two hours, so that the
+// adopting Authority publishes its successor at once, and that successor,
+// backdated by the skew tolerance, has an earlier NotBefore than the CA
+// it replaces.
 type foreignCA struct {
 	ca, leaf *pki.Issued
 }
 
 func newForeignCA(t *testing.T, name string) foreignCA {
 	t.Helper()
-	ca, err := pki.NewCA(pki.Request{CommonName: name, KeyType: pki.ECDSAP256, Now: testNow.Add(-time.Hour), Lifetime: 4 * time.Hour})
+	const notBackdated = time.Nanosecond
+	made := testNow.Add(-time.Minute)
+	ca, err := pki.NewCA(pki.Request{CommonName: name, KeyType: pki.ECDSAP256, Now: made, Backdate: notBackdated, Lifetime: 2 * time.Hour})
 	require.NoError(t, err)
-	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: testNow.Add(-time.Hour), Lifetime: 4 * time.Hour})
+	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: made, Backdate: notBackdated, Lifetime: 2 * time.Hour})
 	require.NoError(t, err)
 	return foreignCA{ca: ca, leaf: leaf}
 }
@@ -126,9 +131,9 @@ func TestAdoptCertControllerSecret(t *testing.T) {
 	s := getSecret(t, client)
 	assert.Equal(t, string(f.ca.CertPEM), string(s.Data["tls.crt"]), "cert-controller's CA signs")
 	assert.Equal(t, string(f.ca.KeyPEM), string(s.Data["tls.key"]))
-	assert.Equal(t, string(pki.EncodeCertPEM(f.ca.Cert.Raw)), string(s.Data["ca.crt"]), "the CA clients trust stays in ca.crt")
+	assert.Contains(t, string(s.Data["ca.crt"]), string(pki.EncodeCertPEM(f.ca.Cert.Raw)), "the CA clients trust stays in ca.crt")
 	assert.NotContains(t, s.Data, "ca.key", "the adopted Secret is in the Authority's layout")
-	assert.EqualValues(t, 1, writes.Load(), "one conversion, written once by one of the two replicas")
+	assert.LessOrEqual(t, writes.Load(), int64(2), "the conversion with the successor's publication, written by one replica (the other's attempt is a conflict)")
 	for _, r := range []*Authority{a, b} {
 		require.NoError(t, r.Leaf().CheckSignatureFrom(f.ca.Cert), "%s signs with the adopted CA", r.Name())
 		require.NoError(t, handshakeWith(t, r, f.ca.CertPEM, clk.Now), "a client holding cert-controller's caBundle verifies %s", r.Name())
@@ -158,7 +163,7 @@ func TestAdoptCertManagerSecret(t *testing.T) {
 	b := runAdopting(t, client, clk, "adopt-cm-b", LayoutCertManager, nil)
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })
 	waitWaiters(t, clk, 2)
-	assert.Zero(t, writes.Load(), "cert-manager's layout is the Authority's: nothing to convert")
+	assert.LessOrEqual(t, writes.Load(), int64(2), "cert-manager's layout is the Authority's: nothing to convert, only the successor's publication (by one replica; the other's attempt is a conflict)")
 	for _, r := range []*Authority{a, b} {
 		require.NoError(t, r.Leaf().CheckSignatureFrom(f.ca.Cert), "%s signs with the adopted CA", r.Name())
 		require.NoError(t, handshakeWith(t, r, f.ca.CertPEM, clk.Now), "a client holding cert-manager's ca.crt verifies %s", r.Name())

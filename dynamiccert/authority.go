@@ -482,6 +482,16 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 	// rollback would make the two replace each other's CA at API latency,
 	// adding a CA to ca.crt on every round.
 	rolledBack := func(c *pki.Issued) bool {
+		if last.next != nil && c.Cert.Equal(last.next.Cert) {
+			// Our successor, promoted: forward. Its NotBefore may be the
+			// older one (it is backdated by the skew tolerance; an adopted
+			// CA may not be backdated at all).
+			return false
+		}
+		if last.signing.Key == nil && c.Key != nil {
+			// A CA adopted without its key is only ever replaced.
+			return false
+		}
 		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
 		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid)
