@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -19,7 +19,7 @@ build:
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
 ## rules, the recipes (controller-runtime, gRPC), the nested modules
 ## (controllerruntime, migrations, deploy manifests and images).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-e2e soak-short
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -115,6 +115,20 @@ test-deploy: kube-bin
 IMAGE_ARGS ?=
 image:
 	cd test/deploy && $(GO) run ./cmd/image --repo-root $(CURDIR) --out $(CURDIR)/tmp/images $(IMAGE_ARGS)
+
+## test-migrate: switching to evercert from OPA cert-controller, cert-manager's
+## webhook CA and knative's webhook certificates with no outage: each tool
+## runs for real and writes its Secret, then evercert replicas adopt it
+## (AuthorityConfig.Adopt) while the real kube-apiserver calls a webhook
+## (failurePolicy Fail); 0 failed calls across the switch and the first
+## observed CA rotation. test/migrate is its own module, so the library takes
+## none of the tools' dependencies. Fails if a test did not run.
+MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative
+test-migrate: kube-bin
+	@mkdir -p $(CURDIR)/tmp
+	cd test/migrate && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./... > $(CURDIR)/tmp/migrate.log 2>&1 || { cat $(CURDIR)/tmp/migrate.log; exit 1; }
+	@for t in $(MIGRATE_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/migrate.log || { echo "test-migrate: $$t did not run"; cat $(CURDIR)/tmp/migrate.log; exit 1; }; done
+	@grep -E '^(--- |    \w+_test.go:[0-9]+: \S+ migration:)' $(CURDIR)/tmp/migrate.log
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.

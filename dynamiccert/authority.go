@@ -114,6 +114,13 @@ type AuthorityConfig struct {
 	// EventObject is the object the Events are about, e.g. this replica's
 	// Pod. Default the CA Secret.
 	EventObject runtime.Object
+	// Adopt, when set, takes over a CA Secret written by another rotator
+	// in its layout (see SecretLayout): its CA stays trusted (and signs,
+	// where its key is stored) until an observed rotation replaces it, and
+	// the Secret is rewritten in the Authority's layout. Stop the other
+	// tool first. Default LayoutEvercert: the Authority's own layout;
+	// cert-manager's is the same and is read without Adopt too.
+	Adopt SecretLayout
 	// Clock drives rotation and validity. Default clock.RealClock{}.
 	Clock clock.WithTicker
 }
@@ -126,6 +133,9 @@ func (c *AuthorityConfig) complete() error {
 		return errors.New("a client is required")
 	case len(c.Hosts) == 0:
 		return errors.New("at least one host is required")
+	}
+	if err := c.Adopt.valid(); err != nil {
+		return err
 	}
 	if c.Name == "" {
 		c.Name = "authority:" + c.Namespace + "/" + c.SecretName
@@ -369,9 +379,12 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	case err != nil:
 		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
 	}
-	st, err := parseAuthoritySecret(secret)
+	st, convert, err := parseSecretLayout(secret, s.cfg.Adopt)
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
+	}
+	if convert {
+		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
 	}
 	var skew string
 	var waiting bool
@@ -404,9 +417,12 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	if changed || restored {
+	if changed || restored || convert {
+		// The Update carries the resourceVersion read above: a Secret
+		// written meanwhile (another replica, or the other tool still
+		// running) is a conflict, re-read and decided again.
 		updated := secret.DeepCopy()
-		writeAuthoritySecret(st, updated)
+		writeAuthoritySecret(st, updated, s.cfg.Adopt)
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
@@ -427,7 +443,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		}
 		s.lastWrite = secret.ResourceVersion
 		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
-			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored)
+			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored, "adopted", convert)
 	}
 	last := st.clone()
 	s.last = &last
@@ -470,6 +486,16 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 	// rollback would make the two replace each other's CA at API latency,
 	// adding a CA to ca.crt on every round.
 	rolledBack := func(c *pki.Issued) bool {
+		if last.next != nil && c.Cert.Equal(last.next.Cert) {
+			// Our successor, promoted: forward. Its NotBefore may be the
+			// older one (it is backdated by the skew tolerance; an adopted
+			// CA may not be backdated at all).
+			return false
+		}
+		if last.signing.Key == nil && c.Key != nil {
+			// A CA adopted without its key is only ever replaced.
+			return false
+		}
 		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
 		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid)
@@ -479,7 +505,7 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		(st.next == nil || !st.next.Cert.Equal(last.signing.Cert)) {
 		// Ours is newer: the Secret went back in time. (A successor that
 		// another replica promoted is newer than ours and wins.)
-		st.signing, restored = last.signing, true
+		st.signing, st.legacy, restored = last.signing, last.legacy, true
 	}
 	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
 		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
@@ -510,10 +536,7 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
 			return nil, fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
-		// The publication time is for status only (each replica measures
-		// the minimum delay on its own clock): a stripped or garbled
-		// annotation leaves it unknown, and must not stop the rotation.
-		st.nextSince, _ = time.Parse(time.RFC3339, s.Annotations[AuthorityNextSinceAnnotation])
+		st.nextSince = parseNextSince(s)
 	}
 	if len(s.Data[SecretCAKey]) > 0 {
 		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
@@ -521,6 +544,15 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 		}
 	}
 	return st, nil
+}
+
+// parseNextSince reads the successor's publication time. It is for status
+// only (each replica measures the minimum delay on its own clock): a
+// stripped or garbled annotation leaves it unknown, and must not stop the
+// rotation.
+func parseNextSince(s *corev1.Secret) time.Time {
+	t, _ := time.Parse(time.RFC3339, s.Annotations[AuthorityNextSinceAnnotation])
+	return t
 }
 
 func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
@@ -540,13 +572,18 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 
 // writeAuthoritySecret stores the state in the Secret: the signing CA as
 // tls.crt and tls.key, the bundle as ca.crt, and a successor with its
-// publication time.
-func writeAuthoritySecret(st *caSet, s *corev1.Secret) {
+// publication time. A signing CA adopted without its key (knative) is not
+// written there: the Secret keeps the other tool's CA and leaf until a CA
+// with a key signs; then the other tool's keys are removed (layout).
+func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	s.Data[corev1.TLSCertKey] = st.signing.CertPEM
-	s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
+	if st.signing.Key != nil {
+		s.Data[corev1.TLSCertKey] = st.signing.CertPEM
+		s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
+		removeForeignKeys(s, layout)
+	}
 	s.Data[SecretCAKey], _ = st.bundlePEM()
 	if st.next != nil {
 		s.Data[AuthorityNextCertKey] = st.next.CertPEM

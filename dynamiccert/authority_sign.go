@@ -97,6 +97,9 @@ func (a *Authority) SignLeaf(req LeafRequest) (*SignedLeaf, error) {
 	if !ok || ca == nil {
 		return nil, fmt.Errorf("%s: %w: the CA secret has not been read", a.cfg.Name, ErrNoSigningCA)
 	}
+	if ca.Key == nil {
+		return nil, fmt.Errorf("%s: %w: CA %q was adopted without its key; its successor signs once observed", a.cfg.Name, ErrNoSigningCA, ca.Cert.Subject.CommonName)
+	}
 	now := a.cfg.Clock.Now().Truncate(time.Second)
 	if now.Before(ca.Cert.NotBefore) {
 		// Made by a replica whose clock is ahead (accepted within the skew

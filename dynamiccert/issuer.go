@@ -289,7 +289,14 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 		changed = true
 	}
 	i.cas, i.hasState = st.clone(), true
-	if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
+	if st.signing.Key == nil {
+		// The CA in force was adopted without its key (knative): serve the
+		// other tool's leaf until the successor is observed and signs.
+		if st.legacy != nil && (i.leaf == nil || !i.leaf.Cert.Equal(st.legacy.Cert)) {
+			i.leaf, i.alts, i.leafPair, i.leafCA, changed = st.legacy, nil, st.legacy.KeyPair(), st.signing.Cert.Raw, true
+			i.report.Loaded(st.legacy.Cert, "adopted", true, "caSerial", serial(st.signing.Cert))
+		}
+	} else if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
 		// Every key type is issued before any is swapped in, so the leaves
 		// always come from the same CA and renew together.
 		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
@@ -370,6 +377,19 @@ func (i *issuer) nextDeadline() time.Time {
 	i.mu.RLock()
 	defer i.mu.RUnlock()
 	now := i.cfg.clock.Now()
+	if i.cas.signing.Key == nil || i.leaf == nil {
+		// An adopted CA without its key, serving the other tool's leaf
+		// (which may be due already): only the successor's minimum delay
+		// and the observers move things on; look again at least every
+		// check interval.
+		next := now.Add(i.cfg.checkInterval)
+		if i.cas.next != nil {
+			if signs := i.sched.signsNoEarlierThan(&i.cas); signs.After(now) {
+				next = earliest(next, signs)
+			}
+		}
+		return next
+	}
 	next := i.sched.nextDeadline(&i.cas, i.leaf.Cert, now)
 	if end, held := i.reissueFloor(now); held && i.sched.leafDue(i.leaf, i.leafCA, &i.cas, now) {
 		// The leaf is due but the floor holds it back: its due time is

@@ -41,6 +41,11 @@ type caSet struct {
 	// cut it short: it is not stored, each process keeps its own.
 	seenSince time.Time
 	bundle    []*x509.Certificate // oldest first
+	// legacy is another rotator's serving leaf, served while the signing
+	// CA was adopted without its key (SecretLayout knative): signing.Key
+	// is nil then, and the successor, published at once, replaces both
+	// once observed.
+	legacy *pki.Issued
 }
 
 func (cs *caSet) clone() caSet {
@@ -99,7 +104,9 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 		klog.Background().Info("Signing CA replaced after the previous one stopped being valid", "provider", r.name,
 			"ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert), "unsafe", unsafe)
 	default:
-		if cs.next == nil && !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore)) {
+		// A CA adopted without its key cannot sign: its successor is due
+		// at once.
+		if cs.next == nil && (cs.signing.Key == nil || !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore))) {
 			ca, err := r.newCA(now)
 			if err != nil {
 				return false, false, fmt.Errorf("making successor CA: %w", err)
@@ -112,6 +119,9 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			cs.signing, cs.next, changed = cs.next, nil, true
 			klog.Background().Info("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
+	}
+	if cs.signing != nil && cs.signing.Key != nil {
+		cs.legacy = nil // a CA of ours signs: the other tool's leaf is done
 	}
 	for _, ca := range []*pki.Issued{cs.signing, cs.next} {
 		if ca != nil && !slices.ContainsFunc(cs.bundle, ca.Cert.Equal) {

@@ -23,7 +23,7 @@ go vet -tags e2e,soak,fips ./...
 echo "staticcheck"
 "$BIN/staticcheck" -tags e2e,soak,fips ./...
 # Nested modules with Go code of their own (gofmt above covers their files).
-for mod in test/controllerruntime test/grpc controllerruntime test/deploy; do
+for mod in test/controllerruntime test/grpc controllerruntime test/deploy test/migrate; do
   echo "go vet ($mod)"
   (cd "$mod" && go vet ./...)
   echo "staticcheck ($mod)"
