@@ -119,10 +119,7 @@ func main() {
 	}
 	// evercert:end
 
-	if err := webhooks.SetupWidgetWebhookWithManager(mgr, replicaID); err != nil {
-		setupLog.Error(err, "unable to create webhook", "webhook", "Widget")
-		os.Exit(1)
-	}
+	setupWebhooks(mgr, replicaID)
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		setupLog.Error(err, "unable to set up health check")
 		os.Exit(1)
@@ -135,6 +132,15 @@ func main() {
 	setupLog.Info("starting manager")
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		setupLog.Error(err, "problem running manager")
+		os.Exit(1)
+	}
+}
+
+// setupWebhooks registers the Widget webhooks (admission and conversion)
+// with the manager's webhook server, or exits.
+func setupWebhooks(mgr ctrl.Manager, replicaID string) {
+	if err := webhooks.SetupWidgetWebhookWithManager(mgr, replicaID); err != nil {
+		setupLog.Error(err, "unable to create webhook", "webhook", "Widget")
 		os.Exit(1)
 	}
 }
