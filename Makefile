@@ -80,12 +80,12 @@ test-controller-runtime:
 ## README's lines-of-code table checked against the code; the
 ## cert-controller version of the operator compiled. Fails if a test did not
 ## run.
-OPERATOR_E2E_TESTS := TestE2EOperatorReplicas TestREADMELinesOfCode
+OPERATOR_TESTS := TestE2EOperatorReplicas TestREADMELinesOfCode
 test-operator-e2e: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime/example/certcontroller && $(GO) build -o /dev/null .
 	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
-	@for t in $(OPERATOR_E2E_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
+	@for t in $(OPERATOR_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
 	@grep -E '^--- |lines of certificate wiring|API requests of|CA rotations in|SIGKILLed|restarted and ready' $(CURDIR)/tmp/operator-e2e.log
 
 ## soak-short: the soak tests in their short form (part of make test): one

@@ -117,10 +117,13 @@ func TestE2EOperatorReplicas(t *testing.T) {
 	// The CA Secret's history, from a watch: rotations are counted there.
 	ca := watchCA(t, ctx, admin)
 
+	var probes sync.WaitGroup
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	t.Cleanup(func() { stopProbes(); probes.Wait() })
 	began := time.Now()
 	for _, r := range reps {
 		r.start(t)
-		go r.probe(ctx)
+		probes.Go(func() { r.probe(probeCtx) })
 	}
 	require.Eventually(t, func() bool {
 		for _, r := range reps {

@@ -9,7 +9,7 @@
 // between evercert's markers in the operator's main.go
 // (TestREADMELinesOfCode in controllerruntime/example/operator). It is its
 // own module so that the controllerruntime module takes no cert-controller
-// dependency.
+// dependency. See docs/architecture.md.
 package main
 
 import (

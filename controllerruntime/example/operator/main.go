@@ -10,7 +10,8 @@
 // README counts the lines of both.
 //
 // controllerruntime/e2e runs three replicas of it against a real
-// kube-apiserver through CA rotations (make test-operator-e2e).
+// kube-apiserver through CA rotations (make test-operator-e2e). See
+// docs/architecture.md.
 package main
 
 import (

@@ -3,7 +3,8 @@
 // registers them with the conversion webhook, as kubebuilder scaffolds
 // internal/webhook/v1. Both the evercert operator and its cert-controller
 // counterpart (controllerruntime/example/certcontroller) call
-// SetupWidgetWebhookWithManager; only their certificate wiring differs.
+// SetupWidgetWebhookWithManager; only their certificate wiring differs. See
+// docs/architecture.md.
 package webhooks
 
 import (

@@ -1,6 +1,7 @@
 // Package v1 is the storage version (the conversion hub) of the sample
 // operator's Widget API, example.evercert.io/v1, as kubebuilder scaffolds
-// an API package. See controllerruntime/example/operator.
+// an API package. See controllerruntime/example/operator and
+// docs/architecture.md.
 package v1
 
 import (

@@ -1,7 +1,8 @@
 // Package v2 is the served, non-storage version (a conversion spoke) of the
 // sample operator's Widget API, example.evercert.io/v2: it renames v1's
 // size and color to replicas and colour, so that reading a Widget at v2
-// goes through the conversion webhook. See controllerruntime/example/operator.
+// goes through the conversion webhook. See controllerruntime/example/operator
+// and docs/architecture.md.
 package v2
 
 import (
