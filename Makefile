@@ -80,7 +80,7 @@ test-controller-runtime:
 ## README's lines-of-code table checked against the code; the
 ## cert-controller version of the operator compiled. Fails if a test did not
 ## run.
-OPERATOR_TESTS := TestE2EOperatorReplicas TestREADMELinesOfCode
+OPERATOR_TESTS := TestE2EOperatorReplicas TestE2EOperatorSteadyState TestREADMELinesOfCode
 test-operator-e2e: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime/example/certcontroller && $(GO) build -o /dev/null .

@@ -88,63 +88,9 @@ var (
 // Then the API requests each replica sends per minute are measured from
 // its metrics endpoint.
 func TestE2EOperatorReplicas(t *testing.T) {
-	bin := proctest.Build(t, "github.com/evercert/evercert/controllerruntime/example/operator")
-	cluster := testcluster.Start(t)
-	cfg := cluster.Config()
-	admin := kubernetes.NewForConfigOrDie(cfg)
-	dyn := dynamic.NewForConfigOrDie(cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-
-	_, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-
-	var reps []*replica
-	var backends []*backend
-	kubeconfig := writeKubeconfig(t, cfg)
-	for i := range replicas {
-		r := newReplica(t, bin, fmt.Sprintf("replica-%d", i),
-			"--kubeconfig="+kubeconfig, "--namespace="+operatorNS,
-			"--webhook-cert-hosts=127.0.0.1,widget-operator-webhook-service."+operatorNS+".svc",
-			"--cert-lifetime="+leafLifetime.String(), "--ca-lifetime="+caLifetime.String())
-		reps = append(reps, r)
-		backends = append(backends, r.backend)
-	}
-	proxy := startProxy(t, backends)
-	url := "https://" + proxy.addr()
-	applyManifests(t, ctx, dyn, url)
-
-	// The CA Secret's history, from a watch: rotations are counted there.
-	ca := watchCA(t, ctx, admin)
-
-	var probes sync.WaitGroup
-	probeCtx, stopProbes := context.WithCancel(ctx)
-	t.Cleanup(func() { stopProbes(); probes.Wait() })
-	began := time.Now()
-	for _, r := range reps {
-		r.start(t)
-		probes.Go(func() { r.probe(probeCtx) })
-	}
-	require.Eventually(t, func() bool {
-		for _, r := range reps {
-			if !r.routable.Load() {
-				return false
-			}
-		}
-		return true
-	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz)")
-	t.Logf("3 replicas ready %v after start", time.Since(began).Round(100*time.Millisecond))
-
-	// The kube-apiserver picks up the published caBundles from its own
-	// watches, a moment after the replicas read them back; the load is
-	// counted from the first call that passes all three webhooks.
-	l := &load{dyn: dyn, byReplica: map[string]int{}}
-	warmup := 0
-	require.Eventually(t, func() bool {
-		warmup++
-		return l.iteration(ctx, 0, true) == nil
-	}, time.Minute, 200*time.Millisecond, "no Widget passed the webhooks")
-	t.Logf("webhooks answering after %d warm-up attempt(s)", warmup)
+	t.Parallel()
+	env := startOperator(t, "--cert-lifetime="+leafLifetime.String(), "--ca-lifetime="+caLifetime.String())
+	ctx, dyn, admin, reps, backends, proxy, ca, began, l := env.ctx, env.dyn, env.admin, env.reps, env.backends, env.proxy, env.ca, env.began, env.load
 	loadDone := make(chan struct{})
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	go func() { defer close(loadDone); l.run(loadCtx) }()
@@ -217,15 +163,7 @@ func TestE2EOperatorReplicas(t *testing.T) {
 		time.Sleep(rest) // the measurement window
 	}
 	after := sampleRequests(t, ctx, reps)
-	minutes := time.Since(measureFrom).Minutes()
-	for i, r := range reps {
-		var methods []string
-		for _, m := range slices.Sorted(maps.Keys(after[i].byMethod)) {
-			methods = append(methods, fmt.Sprintf("%s %.1f", m, (after[i].byMethod[m]-before[i].byMethod[m])/minutes))
-		}
-		t.Logf("API requests of %s: %.1f per minute over %.1f min (%s), at %v leaves and %v CAs",
-			r.name, (after[i].total-before[i].total)/minutes, minutes, strings.Join(methods, ", "), leafLifetime, caLifetime)
-	}
+	logRequests(t, reps, before, after, time.Since(measureFrom), fmt.Sprintf("%v leaves and %v CAs, rotating", leafLifetime, caLifetime))
 
 	stopLoad()
 	<-loadDone
@@ -239,6 +177,129 @@ func TestE2EOperatorReplicas(t *testing.T) {
 		assert.Positive(t, l.servedBy(r.name), "Widgets mutated by %s", r.name)
 	}
 	t.Logf("CA Secret history:\n%s", ca.history())
+}
+
+// operatorEnv is a real kube-apiserver with the operator's CRD and webhook
+// configurations, and three operator replicas behind the proxy, ready and
+// answering.
+type operatorEnv struct {
+	ctx      context.Context
+	admin    kubernetes.Interface
+	dyn      dynamic.Interface
+	reps     []*replica
+	backends []*backend
+	proxy    *roundRobin
+	ca       *caWatch
+	began    time.Time // the replicas' start
+	load     *load
+}
+
+// startOperator builds the operator, starts a cluster, registers the CRD
+// and webhooks on the proxy's URL and runs three replicas with args, and
+// returns once every replica is ready and a Widget passed the webhooks.
+func startOperator(t *testing.T, args ...string) *operatorEnv {
+	t.Helper()
+	bin := proctest.Build(t, "github.com/evercert/evercert/controllerruntime/example/operator")
+	cluster := testcluster.Start(t)
+	cfg := cluster.Config()
+	env := &operatorEnv{admin: kubernetes.NewForConfigOrDie(cfg), dyn: dynamic.NewForConfigOrDie(cfg)}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	env.ctx = ctx
+
+	_, err := env.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	kubeconfig := writeKubeconfig(t, cfg)
+	for i := range replicas {
+		r := newReplica(t, bin, fmt.Sprintf("replica-%d", i), append([]string{
+			"--kubeconfig=" + kubeconfig, "--namespace=" + operatorNS,
+			"--webhook-cert-hosts=127.0.0.1,widget-operator-webhook-service." + operatorNS + ".svc",
+		}, args...)...)
+		env.reps = append(env.reps, r)
+		env.backends = append(env.backends, r.backend)
+	}
+	env.proxy = startProxy(t, env.backends)
+	applyManifests(t, ctx, env.dyn, "https://"+env.proxy.addr())
+
+	// The CA Secret's history, from a watch: rotations are counted there.
+	env.ca = watchCA(t, ctx, env.admin)
+
+	var probes sync.WaitGroup
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	t.Cleanup(func() { stopProbes(); probes.Wait() })
+	env.began = time.Now()
+	for _, r := range env.reps {
+		r.start(t)
+		probes.Go(func() { r.probe(probeCtx) })
+	}
+	require.Eventually(t, func() bool {
+		for _, r := range env.reps {
+			if !r.routable.Load() {
+				return false
+			}
+		}
+		return true
+	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz)")
+	t.Logf("%d replicas ready %v after start", replicas, time.Since(env.began).Round(100*time.Millisecond))
+
+	// The kube-apiserver picks up the published caBundles from its own
+	// watches, a moment after the replicas read them back; the load is
+	// counted from the first call that passes all three webhooks.
+	env.load = &load{dyn: env.dyn, byReplica: map[string]int{}}
+	warmup := 0
+	require.Eventually(t, func() bool {
+		warmup++
+		return env.load.iteration(ctx, 0, true) == nil
+	}, time.Minute, 200*time.Millisecond, "no Widget passed the webhooks")
+	t.Logf("webhooks answering after %d warm-up attempt(s)", warmup)
+	return env
+}
+
+// TestE2EOperatorSteadyState measures the API requests each replica of the
+// operator sends per minute at steady state with evercert's default
+// lifetimes (7-day leaves, 56-day CAs): three replicas, ready and answering,
+// over two minutes after a settling pause. It logs the numbers (no timed
+// assertion); the replicas must stay ready throughout.
+func TestE2EOperatorSteadyState(t *testing.T) {
+	t.Parallel()
+	env := startOperator(t)
+	// Settling: the start-up lists and watches are behind us.
+	time.Sleep(20 * time.Second)
+	before := sampleRequests(t, env.ctx, env.reps)
+	from := time.Now()
+	notReady := map[string]bool{}
+	for time.Since(from) < steadyWindow {
+		for _, r := range env.reps {
+			if !r.routable.Load() {
+				notReady[r.name] = true
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	after := sampleRequests(t, env.ctx, env.reps)
+	logRequests(t, env.reps, before, after, time.Since(from), "evercert's default lifetimes (7-day leaves, 56-day CAs), no rotation due")
+	assert.Empty(t, notReady, "replicas not ready during the measurement")
+	require.NoError(t, env.load.iteration(env.ctx, 1, false), "a Widget after the measurement")
+}
+
+// steadyWindow is how long TestE2EOperatorSteadyState counts requests:
+// replicas renew their Lease once a minute with the default lifetimes.
+const steadyWindow = 2 * time.Minute
+
+// logRequests logs each replica's API requests per minute between two
+// samples, in total and by method.
+func logRequests(t *testing.T, reps []*replica, before, after []requestSample, window time.Duration, at string) {
+	t.Helper()
+	minutes := window.Minutes()
+	for i, r := range reps {
+		var methods []string
+		for _, m := range slices.Sorted(maps.Keys(after[i].byMethod)) {
+			methods = append(methods, fmt.Sprintf("%s %.1f", m, (after[i].byMethod[m]-before[i].byMethod[m])/minutes))
+		}
+		t.Logf("API requests of %s: %.1f per minute over %.1f min (%s), at %s",
+			r.name, (after[i].total-before[i].total)/minutes, minutes, strings.Join(methods, ", "), at)
+	}
 }
 
 func proxyConns(bs []*backend) string {

@@ -28,10 +28,6 @@ type WidgetList struct {
 	Items           []Widget `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&Widget{}, &WidgetList{})
-}
-
 // DeepCopyInto copies w into out (controller-gen would generate it).
 func (w *Widget) DeepCopyInto(out *Widget) {
 	*out = *w
