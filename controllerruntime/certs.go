@@ -51,13 +51,17 @@ func (c *Certs) Ready() <-chan struct{} { return c.ready }
 // waitReady closes ready once the serving controller has a certificate and
 // the publisher has published to every target, or returns when ctx is done.
 func (c *Certs) waitReady(ctx context.Context) {
-	err := wait.PollUntilContextCancel(ctx, readyPoll, true, func(context.Context) (bool, error) {
-		return c.ctrl.HasSynced() && (c.publisher == nil || c.publisher.HasSynced()), nil
-	})
+	err := wait.PollUntilContextCancel(ctx, readyPoll, true, func(context.Context) (bool, error) { return c.gateOpen(), nil })
 	if err != nil {
 		return // stopped before
 	}
 	close(c.ready)
+}
+
+// gateOpen reports whether a certificate is served and the publisher (if
+// any) has published to every target.
+func (c *Certs) gateOpen() bool {
+	return c.ctrl.HasSynced() && (c.publisher == nil || c.publisher.HasSynced())
 }
 
 // ReadyzCheck returns the readiness check Add registers as CheckName. It

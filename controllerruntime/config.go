@@ -50,10 +50,11 @@ type Config struct {
 	// required.
 	Hosts []string
 	// Authority tunes the default source (Lifetime, CALifetime,
-	// PropagationDelay, KeyTypes, ReplicaID, ...). Add fills in Namespace,
-	// SecretName, Hosts, Client (built from the manager's rest.Config and
-	// HTTP client), EventRecorder (the manager's, events.k8s.io API) and
-	// Clock when they are unset. Ignored when Source is set.
+	// PropagationDelay, KeyTypes, ReplicaID, ...). Its Namespace and
+	// SecretName are always those above; Add fills in Hosts, Client (built
+	// from the manager's rest.Config and HTTP client), EventRecorder (the
+	// manager's, events.k8s.io API) and Clock when they are unset. Ignored
+	// when Source is set.
 	Authority dynamiccert.AuthorityConfig
 	// Source replaces the Authority with another serving provider.
 	Source ServingSource

@@ -2,6 +2,7 @@ package controllerruntime
 
 import (
 	"context"
+	"crypto/tls"
 	"testing"
 	"time"
 
@@ -91,7 +92,22 @@ func TestAddSourceWithoutTargets(t *testing.T) {
 // error saying so and leaves the webhook server's TLSOpts alone (the server
 // may be reading them).
 func TestAddAfterStartIsRefused(t *testing.T) {
-	mgr := offlineManager(t)
+	// The webhook server has a certificate of its own, so it starts and the
+	// manager keeps running.
+	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"127.0.0.1"}})
+	require.NoError(t, err)
+	require.NoError(t, serving.RunOnce(context.Background()))
+	own := func(c *tls.Config) {
+		c.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			_, _, cert := serving.CurrentParsedCertKeyContent()
+			return cert, nil
+		}
+	}
+	mgr, err := ctrl.NewManager(&rest.Config{Host: "https://127.0.0.1:1"}, ctrl.Options{
+		Metrics:       metricsserver.Options{BindAddress: "0"},
+		WebhookServer: webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: freePort(t), TLSOpts: []func(*tls.Config){own}}),
+	})
+	require.NoError(t, err)
 	ws := mgr.GetWebhookServer().(*webhook.DefaultServer)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -102,10 +118,20 @@ func TestAddAfterStartIsRefused(t *testing.T) {
 	})
 	// The manager has started once it refuses new checks.
 	require.Eventually(t, func() bool { return mgr.AddHealthzCheck("probe", healthz.Ping) != nil }, time.Minute, 10*time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the manager stopped: %v", err)
+	default:
+	}
 
 	certs, err := Add(mgr, Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", ValidatingWebhooks: []string{"x"}})
 	require.Error(t, err)
 	assert.Nil(t, certs)
 	assert.Contains(t, err.Error(), "call Add before the manager starts")
-	assert.Empty(t, ws.Options.TLSOpts)
+	assert.Len(t, ws.Options.TLSOpts, 1, "only the server's own option")
+	select {
+	case err := <-done:
+		t.Fatalf("the manager stopped: %v", err)
+	default:
+	}
 }

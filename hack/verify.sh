@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Static checks: gofmt, go vet and staticcheck (pinned, installed into ./bin),
-# in the main module and in the nested test module test/controllerruntime.
+# in the main module and in the nested modules (test/controllerruntime,
+# controllerruntime, controllerruntime/example/certcontroller).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
