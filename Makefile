@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -19,7 +19,7 @@ build:
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
 ## rules, the recipes (controller-runtime, gRPC), the nested modules
 ## (controllerruntime, migrations, deploy manifests and images).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-e2e soak-short
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -129,6 +129,23 @@ test-migrate: kube-bin
 	cd test/migrate && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./... > $(CURDIR)/tmp/migrate.log 2>&1 || { cat $(CURDIR)/tmp/migrate.log; exit 1; }
 	@for t in $(MIGRATE_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/migrate.log || { echo "test-migrate: $$t did not run"; cat $(CURDIR)/tmp/migrate.log; exit 1; }; done
 	@grep -E '^(--- |    \w+_test.go:[0-9]+: \S+ migration:)' $(CURDIR)/tmp/migrate.log
+
+## test-operator-e2e: the sample operator (controllerruntime/example/operator,
+## its certificates from one evercert.Add call) as three replicas, separate
+## processes behind a round-robin proxy, against a real kube-apiserver and
+## etcd: admission and conversion webhook calls through at least three CA
+## rotations with 0 failures, one replica SIGKILLed and restarted
+## mid-rotation, and the API requests per replica per minute (logged); the
+## README's lines-of-code table checked against the code; the
+## cert-controller version of the operator compiled. Fails if a test did not
+## run.
+OPERATOR_TESTS := TestE2EOperatorReplicas TestE2EOperatorSteadyState TestREADMELinesOfCode
+test-operator-e2e: kube-bin
+	@mkdir -p $(CURDIR)/tmp
+	cd controllerruntime/example/certcontroller && $(GO) build -o /dev/null .
+	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
+	@for t in $(OPERATOR_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
+	@grep -E '^--- |lines of certificate wiring|API requests of|CA rotations in|SIGKILLed|restarted and ready' $(CURDIR)/tmp/operator-e2e.log
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.

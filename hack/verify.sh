@@ -23,9 +23,10 @@ go vet -tags e2e,soak,fips ./...
 echo "staticcheck"
 "$BIN/staticcheck" -tags e2e,soak,fips ./...
 # Nested modules with Go code of their own (gofmt above covers their files).
-for mod in test/controllerruntime test/grpc controllerruntime test/deploy test/migrate; do
+# The e2e tag covers controllerruntime/e2e (the sample operator's e2e).
+for mod in test/controllerruntime test/grpc controllerruntime controllerruntime/example/certcontroller test/deploy test/migrate; do
   echo "go vet ($mod)"
-  (cd "$mod" && go vet ./...)
+  (cd "$mod" && go vet -tags e2e ./...)
   echo "staticcheck ($mod)"
-  (cd "$mod" && "$BIN/staticcheck" ./...)
+  (cd "$mod" && "$BIN/staticcheck" -tags e2e ./...)
 done
