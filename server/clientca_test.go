@@ -108,12 +108,20 @@ func TestClientCAFileBreaksLater(t *testing.T) {
 
 	// The bundle's only CA expires (the serving certificate does not):
 	// client-ca fails, naming the provider; serving-certificate does not.
+	// alice has expired too, on the server's clock, which verifies client
+	// certificates: she is refused, and the probe goes without a
+	// certificate (VerifyClientCertIfGiven).
 	clk.Step(2 * time.Hour)
-	code, body, _ := get(t, mtls, "https://"+r.addr+"/readyz?verbose")
+	_, err = mtls.Get("https://" + r.addr + "/whoami")
+	require.Error(t, err, "a client certificate expired on the server's clock must be refused")
+	probe := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "localhost", Time: clk.Now},
+	}}
+	code, body, _ := get(t, probe, "https://"+r.addr+"/readyz?verbose")
 	assert.Equal(t, http.StatusInternalServerError, code, body)
 	assert.Contains(t, body, "[-]client-ca failed")
 	assert.Contains(t, body, "[+]serving-certificate ok")
-	code, body, _ = get(t, mtls, "https://"+r.addr+"/readyz/client-ca")
+	code, body, _ = get(t, probe, "https://"+r.addr+"/readyz/client-ca")
 	assert.Equal(t, http.StatusInternalServerError, code)
 	assert.Contains(t, body, "every client CA of client-ca-bundle has expired")
 }
