@@ -130,11 +130,6 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Observed rotation: a successor CA signs only once every target,
-		// read back from the API server, holds it.
-		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
-			o.AddObserver(c.publisher)
-		}
 		runs = append(runs, namedRun{"cabundle", func(ctx context.Context) { c.publisher.Run(ctx, 0) }}) // 0: DefaultWorkers
 	}
 
@@ -151,6 +146,17 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	}
 	if err := mgr.AddReadyzCheck(CheckName, c.ReadyzCheck()); err != nil {
 		return nil, fmt.Errorf("adding the ready check %q (call Add before the manager starts): %w", CheckName, err)
+	}
+	if c.publisher != nil {
+		// Observed rotation: a successor CA signs only once every target,
+		// read back from the API server, holds it. Only now that the
+		// manager took the checks (it refuses them once started, and then
+		// would never run the publisher): an observer that never syncs
+		// would hold back every successor of the caller's provider until
+		// its signing CA is about to expire.
+		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+			o.AddObserver(c.publisher)
+		}
 	}
 	logger := mgr.GetLogger().WithName("evercert")
 	for _, r := range runs {

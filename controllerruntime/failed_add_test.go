@@ -1,0 +1,54 @@
+package controllerruntime
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/dynamiccert"
+)
+
+// TestFailedAddLeavesTheSourceAlone: an Add that fails because the manager
+// refuses its checks (Add after Start)
+// changes nothing, not even the provider the caller passed in. Before, it
+// had already added its publisher, which no manager would ever run, as an
+// observer of Config.CABundle: every successor CA of that provider then
+// waited for it until the signing CA was about to expire, and each CA
+// rotation was an unsafe one.
+func TestFailedAddLeavesTheSourceAlone(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	ss, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+		Hosts: []string{"webhook.test"}, Lifetime: time.Hour, CALifetime: 3 * time.Hour, PropagationDelay: time.Minute, Clock: clk,
+	})
+	require.NoError(t, err)
+
+	mgr, _, _ := startedManager(t)
+	certs, err := Add(mgr, Config{Source: ss, CABundle: ss, ValidatingWebhooks: []string{"x"}})
+	require.Error(t, err, "Add after Start")
+	assert.Nil(t, certs)
+	assert.Contains(t, err.Error(), "call Add before the manager starts")
+
+	// The provider's own Run loop through its first CA rotation: the
+	// successor waits for nobody but the propagation delay.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); ss.Run(ctx, 1) }()
+	t.Cleanup(func() { cancel(); <-done })
+	first := ""
+	require.Eventually(t, func() bool { first = ss.Status().Signing.Fingerprint; return first != "" }, time.Minute, 10*time.Millisecond)
+	// Step to the successor's publication (CARenewBefore = 1h before the
+	// CA's end), then past the propagation delay.
+	clk.Step(2*time.Hour + time.Second)
+	require.Eventually(t, func() bool { return ss.Status().Successor != nil || ss.Status().Signing.Fingerprint != first }, time.Minute, 10*time.Millisecond)
+	if s := ss.Status().Successor; s != nil {
+		assert.Empty(t, s.Pending, "observers a successor waits for")
+	}
+	clk.Step(2 * time.Minute)
+	require.Eventually(t, func() bool { return ss.Status().Signing.Fingerprint != first }, time.Minute, 10*time.Millisecond,
+		"the successor never signed: %+v", ss.Status().Successor)
+	assert.Zero(t, ss.Status().UnsafeRotations)
+}
