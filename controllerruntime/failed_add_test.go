@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/evercert/evercert/dynamiccert"
 )
@@ -51,4 +52,35 @@ func TestFailedAddLeavesTheSourceAlone(t *testing.T) {
 	require.Eventually(t, func() bool { return ss.Status().Signing.Fingerprint != first }, time.Minute, 10*time.Millisecond,
 		"the successor never signed: %+v", ss.Status().Successor)
 	assert.Zero(t, ss.Status().UnsafeRotations)
+}
+
+// TestSecondAddIsRefused: a second Add on one manager returns an error and
+// changes nothing. Before, it succeeded: the manager replaced the first
+// call's "evercert" checks with the second's, and the webhook server got a
+// second GetCertificate (the last one wins), so it served the second
+// call's leaf while the first call's publisher kept the first CA in the
+// first call's targets, and /readyz said nothing about them.
+func TestSecondAddIsRefused(t *testing.T) {
+	first, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"first.test"}})
+	require.NoError(t, err)
+	second, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"second.test"}})
+	require.NoError(t, err)
+	mgr := offlineManager(t)
+	ws := mgr.GetWebhookServer().(*webhook.DefaultServer)
+
+	_, err = Add(mgr, Config{Source: first, CABundle: first, ValidatingWebhooks: []string{"first"}})
+	require.NoError(t, err, "the first Add")
+	certs, err := Add(mgr, Config{Source: second})
+	require.Error(t, err, "a second Add on one manager")
+	assert.Nil(t, certs)
+	assert.Contains(t, err.Error(), "already called on this manager")
+	assert.Len(t, ws.Options.TLSOpts, 1, "only the first Add's option")
+
+	// A refused Add does not claim the manager: after a bad Config, the
+	// good one is accepted.
+	other := offlineManager(t)
+	_, err = Add(other, Config{Source: second, CRDs: []string{"widgets.example.com"}})
+	require.ErrorContains(t, err, "Config.CABundle is required")
+	_, err = Add(other, Config{Source: second})
+	require.NoError(t, err)
 }
