@@ -41,16 +41,25 @@ func TestFailedAddLeavesTheSourceAlone(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	first := ""
 	require.Eventually(t, func() bool { first = ss.Status().Signing.Fingerprint; return first != "" }, time.Minute, 10*time.Millisecond)
-	// Step to the successor's publication (CARenewBefore = 1h before the
-	// CA's end), then past the propagation delay.
-	clk.Step(2*time.Hour + time.Second)
-	require.Eventually(t, func() bool { return ss.Status().Successor != nil || ss.Status().Signing.Fingerprint != first }, time.Minute, 10*time.Millisecond)
-	if s := ss.Status().Successor; s != nil {
-		assert.Empty(t, s.Pending, "observers a successor waits for")
-	}
-	clk.Step(2 * time.Minute)
-	require.Eventually(t, func() bool { return ss.Status().Signing.Fingerprint != first }, time.Minute, 10*time.Millisecond,
-		"the successor never signed: %+v", ss.Status().Successor)
+	// Step to an hour before the CA's end (CARenewBefore: the successor
+	// is published), then in small increments while polling, so that a
+	// timer the Run loop sets after a step fires on a later one: the
+	// successor signs after the propagation delay, waiting for nobody.
+	require.Eventually(t, clk.HasWaiters, time.Minute, 10*time.Millisecond)
+	clk.Step(2 * time.Hour)
+	var pending []string
+	require.Eventually(t, func() bool {
+		st := ss.Status()
+		if st.Signing.Fingerprint != first {
+			return true
+		}
+		if st.Successor != nil && len(st.Successor.Pending) > 0 {
+			pending = st.Successor.Pending
+		}
+		clk.Step(5 * time.Second)
+		return false
+	}, 2*time.Minute, 10*time.Millisecond, "the successor never signed: %+v", ss.Status().Successor)
+	assert.Empty(t, pending, "observers the successor waited for")
 	assert.Zero(t, ss.Status().UnsafeRotations)
 }
 
