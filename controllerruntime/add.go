@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/client-go/kubernetes"
@@ -45,7 +46,12 @@ const recorderName = "evercert"
 //
 // Add registers HealthzCheck and ReadyzCheck on mgr under CheckName
 // ("evercert"). It must be called before mgr.Start; after, it returns an
-// error and changes nothing. A bad Config is an error naming the field.
+// error and changes nothing. It may be called once per manager: a second
+// call returns an error and changes nothing (the manager would silently
+// replace the first call's checks with the second's, and its webhook server
+// would serve the second call's leaf while the first call's publisher
+// keeps its own CA in the first call's targets). A bad Config is an error
+// naming the field. Add is safe for concurrent use.
 func Add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	c, err := add(mgr, cfg)
 	if err != nil {
@@ -61,6 +67,42 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if !claim(mgr) {
+		return nil, fmt.Errorf("already called on this manager: call it once, with every target in one Config (its checks are named %q)", CheckName)
+	}
+	c, err := wire(mgr, cfg)
+	if err != nil {
+		release(mgr)
+		return nil, err
+	}
+	return c, nil
+}
+
+// claimed holds the managers Add has wired (manager.Manager to struct{}).
+// An entry stays for the life of the process; a process has few managers.
+var claimed sync.Map
+
+// claim records that Add wires mgr, and reports false when it already has.
+// A manager whose dynamic type is not comparable cannot be recorded; it is
+// always claimed (controller-runtime's own manager is a pointer).
+func claim(mgr manager.Manager) (ok bool) {
+	defer func() {
+		if recover() != nil { // incomparable dynamic type
+			ok = true
+		}
+	}()
+	_, loaded := claimed.LoadOrStore(mgr, struct{}{})
+	return !loaded
+}
+
+// release undoes claim after a refused Add, so that the caller may retry.
+func release(mgr manager.Manager) {
+	defer func() { _ = recover() }() // incomparable dynamic type: never stored
+	claimed.Delete(mgr)
+}
+
+// wire builds and adds everything for add, which has validated cfg.
+func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -130,11 +172,6 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Observed rotation: a successor CA signs only once every target,
-		// read back from the API server, holds it.
-		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
-			o.AddObserver(c.publisher)
-		}
 		runs = append(runs, namedRun{"cabundle", func(ctx context.Context) { c.publisher.Run(ctx, 0) }}) // 0: DefaultWorkers
 	}
 
@@ -151,6 +188,17 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	}
 	if err := mgr.AddReadyzCheck(CheckName, c.ReadyzCheck()); err != nil {
 		return nil, fmt.Errorf("adding the ready check %q (call Add before the manager starts): %w", CheckName, err)
+	}
+	if c.publisher != nil {
+		// Observed rotation: a successor CA signs only once every target,
+		// read back from the API server, holds it. Only now that the
+		// manager took the checks (it refuses them once started, and then
+		// would never run the publisher): an observer that never syncs
+		// would hold back every successor of the caller's provider until
+		// its signing CA is about to expire.
+		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+			o.AddObserver(c.publisher)
+		}
 	}
 	logger := mgr.GetLogger().WithName("evercert")
 	for _, r := range runs {

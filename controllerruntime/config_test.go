@@ -88,10 +88,11 @@ func TestAddSourceWithoutTargets(t *testing.T) {
 	assert.Equal(t, []cabundle.Target{{Kind: cabundle.CustomResourceDefinition, Name: "a.b"}}, (&Config{CRDs: []string{"a.b"}}).targets())
 }
 
-// TestAddAfterStartIsRefused shows that Add on a started manager returns an
-// error saying so and leaves the webhook server's TLSOpts alone (the server
-// may be reading them).
-func TestAddAfterStartIsRefused(t *testing.T) {
+// startedManager returns a manager that has started and keeps running
+// (its webhook server has a certificate of its own) until the test ends,
+// its webhook server, and the channel mgr.Start's error arrives on.
+func startedManager(t *testing.T) (manager.Manager, *webhook.DefaultServer, <-chan error) {
+	t.Helper()
 	// The webhook server has a certificate of its own, so it starts and the
 	// manager keeps running.
 	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"127.0.0.1"}})
@@ -123,7 +124,14 @@ func TestAddAfterStartIsRefused(t *testing.T) {
 		t.Fatalf("the manager stopped: %v", err)
 	default:
 	}
+	return mgr, ws, done
+}
 
+// TestAddAfterStartIsRefused shows that Add on a started manager returns an
+// error saying so and leaves the webhook server's TLSOpts alone (the server
+// may be reading them).
+func TestAddAfterStartIsRefused(t *testing.T) {
+	mgr, ws, done := startedManager(t)
 	certs, err := Add(mgr, Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", ValidatingWebhooks: []string{"x"}})
 	require.Error(t, err)
 	assert.Nil(t, certs)

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -43,6 +44,14 @@ func TestBasesFollowTheRules(t *testing.T) {
 				t.Errorf("Deployment %s: want one required pod anti-affinity term on %s, got %+v", d.Name, corev1.LabelHostname, aa)
 			} else if sel := aa.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].LabelSelector; sel == nil || !matches(sel.MatchLabels, pod.Labels) {
 				t.Errorf("Deployment %s: the anti-affinity selector %v does not select its own pods %v", d.Name, sel, pod.Labels)
+			}
+			// A rolling update must not need a node without one of these
+			// pods: the required anti-affinity leaves none on a cluster of 3
+			// nodes, where the API server's default strategy (maxSurge 25%
+			// = 1 pod, maxUnavailable 25% = 0 of 3) waits forever for its
+			// surge pod to schedule.
+			if err := rollsOnAsManyNodes(d); err != nil {
+				t.Errorf("Deployment %s: %v", d.Name, err)
 			}
 			pdb := one[policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget")
 			if pdb.Spec.Selector == nil || !matches(pdb.Spec.Selector.MatchLabels, pod.Labels) {
@@ -123,6 +132,43 @@ func TestBasesFollowTheRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rollsOnAsManyNodes reports why a rolling update of d would need more
+// nodes than replicas: it takes no pod down before its surge pod is ready.
+// An unset strategy is the API server's default, RollingUpdate with 25% and
+// 25%.
+func rollsOnAsManyNodes(d *appsv1.Deployment) error {
+	if d.Spec.Strategy.Type != "" && d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
+		return fmt.Errorf("strategy %s, want %s (each replica serves; Recreate takes them all down)", d.Spec.Strategy.Type, appsv1.RollingUpdateDeploymentStrategyType)
+	}
+	surge, unavailable := intstr.FromString("25%"), intstr.FromString("25%")
+	if ru := d.Spec.Strategy.RollingUpdate; ru != nil {
+		if ru.MaxSurge != nil {
+			surge = *ru.MaxSurge
+		}
+		if ru.MaxUnavailable != nil {
+			unavailable = *ru.MaxUnavailable
+		}
+	}
+	replicas := 1
+	if d.Spec.Replicas != nil {
+		replicas = int(*d.Spec.Replicas)
+	}
+	// The deployment controller rounds maxSurge up and maxUnavailable down.
+	s, err := intstr.GetScaledValueFromIntOrPercent(&surge, replicas, true)
+	if err != nil {
+		return err
+	}
+	u, err := intstr.GetScaledValueFromIntOrPercent(&unavailable, replicas, false)
+	if err != nil {
+		return err
+	}
+	if u < 1 {
+		return fmt.Errorf("a rolling update (maxSurge %d, maxUnavailable %d of %d) starts a surge pod before it stops one, and the required pod anti-affinity on %s gives it no node on a cluster of %d nodes: the rollout never progresses; set maxUnavailable to 1",
+			s, u, replicas, corev1.LabelHostname, replicas)
+	}
+	return nil
 }
 
 // TestManifestFlagsExist runs each image's entrypoint with the arguments of
