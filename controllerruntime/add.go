@@ -32,9 +32,12 @@ const recorderName = "evercert"
 // false (every replica serves its own leaf, whether it leads or not): the
 // source (an Authority keeping its CA in the Secret Namespace/SecretName by
 // default, or Config.Source), the cabundle.Publisher that keeps the CA
-// bundle in every target, and the sni controller that serves the leaf. They
-// log through mgr's logger (named "evercert"), send Events through mgr's
-// events.k8s.io recorder, and share mgr's HTTP client.
+// bundle in every target, and the sni controller that serves the leaf. Their
+// Run loops get mgr's logger (named "evercert") in their context; some
+// provider messages go to klog's global logger, so route klog to the
+// manager's logger (klog.SetLogger(mgr.GetLogger())) to have every line in
+// one place. They send Events through mgr's events.k8s.io recorder and
+// share mgr's HTTP client.
 //
 // When mgr.GetWebhookServer() is a *webhook.DefaultServer (the default), Add
 // appends TLSOpts() to its Options.TLSOpts, so the webhook server (admission
