@@ -508,7 +508,10 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		st.signing, st.legacy, restored = last.signing, last.legacy, true
 	}
 	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
-		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
+		(last.signing != nil && st.signing.Cert.Equal(last.signing.Cert) || last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore)) {
+		// Our successor was lost, unless the Secret's signing CA is newer
+		// than it. Under the CA it was published for, it is lost whatever
+		// the NotBefores (an adopted CA is not backdated, the successor is).
 		st.next, st.nextSince, st.seenSince, restored = last.next, last.nextSince, last.seenSince, true
 	}
 	if restored {
