@@ -3,9 +3,11 @@ package dynamiccert
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -39,4 +41,54 @@ func TestAdoptSecretDeletedKeepsSuccessor(t *testing.T) {
 	assert.Equal(t, string(f.ca.CertPEM), string(s.Data["tls.crt"]), "the adopted CA still signs")
 	assert.Equal(t, string(published), string(s.Data[AuthorityNextCertKey]), "the successor published is written back, not replaced by another")
 	assert.Len(t, mustParseBundle(t, s.Data["ca.crt"]), 2, "ca.crt: the adopted CA and its one successor")
+}
+
+// TestAdoptKnativeSecretDeletedMidAdoption: while the replica still
+// serves knative's leaf (its successor published, not yet observed), the
+// Secret is deleted. The replica writes back what it had in force, in a
+// layout that it, a restarted replica and a real API server accept:
+// knative's CA and leaf (a keyless CA cannot be written as tls.crt/tls.key,
+// and a kubernetes.io/tls Secret without them is invalid), once, without a
+// write loop; and a fresh replica adopting the rewritten Secret serves
+// knative's leaf, which the caBundle of today verifies, instead of taking
+// the successor as an unobserved signing CA.
+func TestAdoptKnativeSecretDeletedMidAdoption(t *testing.T) {
+	f := newForeignCA(t, "knative-ca")
+	client := fake.NewClientset(opaqueSecret(f.knative()))
+	optimistic(client)
+	writes := secretWrites(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	obs := &testObserver{} // holds the successor back
+	withObs := func(c *AuthorityConfig) { c.Observers = []Observer{obs} }
+	a := runAdopting(t, client, clk, "adopt-kn-del-a", LayoutKnative, withObs)
+	waitFor(t, "knative's leaf served", func() bool { return a.Leaf() != nil })
+	waitWaiters(t, clk, 1)
+	published := getSecret(t, client).Data[AuthorityNextCertKey]
+	require.NotEmpty(t, published, "the successor is published")
+
+	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
+	start := writes.Load()
+	// Settled: the loop asleep, the Secret written back and not written
+	// since. A write loop never settles; it fails on the write count.
+	for settled := false; !settled; {
+		n := writes.Load() - start
+		require.LessOrEqual(t, n, int64(3), "write loop: the Secret is written back on every watch event")
+		rv := secretRV(client)
+		settled = n > 0 && rv != "" && clk.Waiters() >= 1 && rv == secretRV(client) && writes.Load()-start == n
+		time.Sleep(time.Millisecond)
+	}
+	s := getSecret(t, client)
+	assert.NotEqual(t, corev1.SecretTypeTLS, s.Type, "a kubernetes.io/tls Secret must hold tls.crt and tls.key; a keyless CA has none")
+	assert.Equal(t, string(f.ca.CertPEM), string(s.Data["ca-cert.pem"]), "knative's CA is written back")
+	assert.Equal(t, string(f.leaf.CertPEM), string(s.Data["server-cert.pem"]), "knative's leaf is written back")
+	assert.Equal(t, string(f.leaf.KeyPEM), string(s.Data["server-key.pem"]))
+	assert.Equal(t, string(published), string(s.Data[AuthorityNextCertKey]), "the successor published (and maybe already observed) is written back, not replaced by another")
+	assert.True(t, a.Leaf().Equal(f.leaf.Cert), "the replica keeps serving knative's leaf")
+
+	// A replica started now (a restart, a scale-up) adopts what is there.
+	b := runAdopting(t, client, clk, "adopt-kn-del-b", LayoutKnative, withObs)
+	waitFor(t, "b's first check", func() bool { return b.Leaf() != nil || b.LastError() != nil })
+	require.NoError(t, b.LastError())
+	require.NoError(t, handshakeWith(t, b, f.ca.CertPEM, clk.Now), "a client holding knative's caBundle verifies the restarted replica")
+	assert.Zero(t, b.Status().UnsafeRotations)
 }

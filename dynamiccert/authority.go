@@ -423,6 +423,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		// running) is a conflict, re-read and decided again.
 		updated := secret.DeepCopy()
 		writeAuthoritySecret(st, updated, s.cfg.Adopt)
+		if !exists && st.signing.Key == nil {
+			// A CA adopted without its key, written back after a delete:
+			// a kubernetes.io/tls Secret must hold tls.crt and tls.key.
+			updated.Type = corev1.SecretTypeOpaque
+		}
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
@@ -576,16 +581,27 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 // writeAuthoritySecret stores the state in the Secret: the signing CA as
 // tls.crt and tls.key, the bundle as ca.crt, and a successor with its
 // publication time. A signing CA adopted without its key (knative) is not
-// written there: the Secret keeps the other tool's CA and leaf until a CA
-// with a key signs; then the other tool's keys are removed (layout).
+// written there: it and the other tool's leaf are written in the other
+// tool's keys, where they were adopted from, so that the Secret reads back
+// as the state in force also when it is written back after a delete or a
+// rollback; once a CA with a key signs, the other tool's keys are removed
+// (layout).
 func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	if st.signing.Key != nil {
+	switch {
+	case st.signing.Key != nil:
 		s.Data[corev1.TLSCertKey] = st.signing.CertPEM
 		s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
 		removeForeignKeys(s, layout)
+	case st.legacy != nil:
+		// A tls.crt would be read as the signing CA in force.
+		delete(s.Data, corev1.TLSCertKey)
+		delete(s.Data, corev1.TLSPrivateKeyKey)
+		s.Data[knativeCACertKey] = st.signing.CertPEM
+		s.Data[knativeServerCertKey] = st.legacy.CertPEM
+		s.Data[knativeServerKeyKey] = st.legacy.KeyPEM
 	}
 	s.Data[SecretCAKey], _ = st.bundlePEM()
 	if st.next != nil {
