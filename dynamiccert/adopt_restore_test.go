@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // TestAdoptSecretDeletedKeepsSuccessor: an adopted CA is not backdated
@@ -91,4 +93,43 @@ func TestAdoptKnativeSecretDeletedMidAdoption(t *testing.T) {
 	require.NoError(t, b.LastError())
 	require.NoError(t, handshakeWith(t, b, f.ca.CertPEM, clk.Now), "a client holding knative's caBundle verifies the restarted replica")
 	assert.Zero(t, b.Status().UnsafeRotations)
+}
+
+// TestAdoptKnativeRollbackToExpiredCA: while the replica serves knative's
+// leaf, the Secret is restored from an old backup whose CA (with its key)
+// is older than knative's and has expired. That is a rollback, as it is
+// for a CA of the Authority's own: the replica writes back knative's CA
+// and leaf and its successor, and keeps serving knative's leaf. Taking
+// the backup's CA as the one in force would make the successor sign at
+// once, before it was observed: an unsafe rotation and a leaf that
+// clients holding today's caBundle reject.
+func TestAdoptKnativeRollbackToExpiredCA(t *testing.T) {
+	f := newForeignCA(t, "knative-ca")
+	old, err := pki.NewCA(pki.Request{CommonName: "backup-ca", KeyType: pki.ECDSAP256, Now: testNow.Add(-48 * time.Hour), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	client := fake.NewClientset(opaqueSecret(f.knative()))
+	optimistic(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	obs := &testObserver{} // holds the successor back
+	a := runAdopting(t, client, clk, "adopt-kn-rollback", LayoutKnative, func(c *AuthorityConfig) { c.Observers = []Observer{obs} })
+	waitFor(t, "knative's leaf served", func() bool { return a.Leaf() != nil })
+	waitWaiters(t, clk, 1)
+	published := getSecret(t, client).Data[AuthorityNextCertKey]
+	require.NotEmpty(t, published)
+
+	backup := getSecret(t, client)
+	backup.Data = map[string][]byte{"tls.crt": old.CertPEM, "tls.key": old.KeyPEM, "ca.crt": old.CertPEM}
+	backup.Annotations = nil
+	restored, err := client.CoreV1().Secrets("ns").Update(context.Background(), backup, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitFor(t, "the rollback handled", func() bool {
+		return secretRV(client) != restored.ResourceVersion && clk.Waiters() >= 1 && a.LastError() == nil
+	})
+	assert.Zero(t, a.Status().UnsafeRotations, "no CA signs unobserved")
+	assert.True(t, a.Leaf().Equal(f.leaf.Cert), "the replica keeps serving knative's leaf")
+	require.NoError(t, handshakeWith(t, a, f.ca.CertPEM, clk.Now), "a client holding knative's caBundle verifies the replica")
+	s := getSecret(t, client)
+	assert.Empty(t, s.Data["tls.crt"], "the backup's CA is not the one in force")
+	assert.Equal(t, string(f.ca.CertPEM), string(s.Data["ca-cert.pem"]))
+	assert.Equal(t, string(published), string(s.Data[AuthorityNextCertKey]))
 }

@@ -494,11 +494,9 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		if last.next != nil && c.Cert.Equal(last.next.Cert) {
 			// Our successor, promoted: forward. Its NotBefore may be the
 			// older one (it is backdated by the skew tolerance; an adopted
-			// CA may not be backdated at all).
-			return false
-		}
-		if last.signing.Key == nil && c.Key != nil {
-			// A CA adopted without its key is only ever replaced.
+			// CA may not be backdated at all). Any other CA is judged as
+			// below, also one with a key replacing a CA adopted without
+			// its key: a backup restored mid-adoption is a rollback.
 			return false
 		}
 		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
