@@ -133,3 +133,35 @@ func TestAdoptKnativeRollbackToExpiredCA(t *testing.T) {
 	assert.Equal(t, string(f.ca.CertPEM), string(s.Data["ca-cert.pem"]))
 	assert.Equal(t, string(published), string(s.Data[AuthorityNextCertKey]))
 }
+
+// TestAdoptKnativeLeafExpiresBeforeSuccessorObserved: knative's CA has no
+// key here, so knative's leaf is all it can serve. When that leaf expires
+// while the successor still waits for its observers, no CA that could
+// serve is left: as when the signing CA itself ends, the successor signs
+// unobserved, counted as an unsafe rotation, rather than every replica
+// serving an expired leaf until knative's CA ends too.
+func TestAdoptKnativeLeafExpiresBeforeSuccessorObserved(t *testing.T) {
+	const notBackdated = time.Nanosecond
+	made := testNow.Add(-time.Minute)
+	ca, err := pki.NewCA(pki.Request{CommonName: "knative-ca", KeyType: pki.ECDSAP256, Now: made, Backdate: notBackdated, Lifetime: 2 * time.Hour})
+	require.NoError(t, err)
+	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: made, Backdate: notBackdated, Lifetime: 20 * time.Minute})
+	require.NoError(t, err)
+	f := foreignCA{ca: ca, leaf: leaf}
+	client := fake.NewClientset(opaqueSecret(f.knative()))
+	optimistic(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	obs := &testObserver{} // never confirms the successor
+	a := runAdopting(t, client, clk, "adopt-kn-leaf-ends", LayoutKnative, func(c *AuthorityConfig) { c.Observers = []Observer{obs} })
+	waitFor(t, "knative's leaf served", func() bool { return a.Leaf() != nil })
+	waitWaiters(t, clk, 1)
+	published := a.CurrentCABundleContent()
+
+	for clk.Now().Before(leaf.Cert.NotAfter.Add(2 * time.Minute)) {
+		clk.Step(time.Minute)
+		waitWaiters(t, clk, 1)
+		waitFor(t, "a check", func() bool { return a.LastError() == nil })
+	}
+	require.NoError(t, handshakeWith(t, a, published, clk.Now), "the replica serves a leaf that a client holding the published bundle verifies, not knative's expired one")
+	assert.EqualValues(t, 1, a.Status().UnsafeRotations, "the successor signed unobserved: counted")
+}
