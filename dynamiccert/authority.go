@@ -423,6 +423,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		// running) is a conflict, re-read and decided again.
 		updated := secret.DeepCopy()
 		writeAuthoritySecret(st, updated, s.cfg.Adopt)
+		if !exists && st.signing.Key == nil {
+			// A CA adopted without its key, written back after a delete:
+			// a kubernetes.io/tls Secret must hold tls.crt and tls.key.
+			updated.Type = corev1.SecretTypeOpaque
+		}
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
@@ -489,11 +494,9 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		if last.next != nil && c.Cert.Equal(last.next.Cert) {
 			// Our successor, promoted: forward. Its NotBefore may be the
 			// older one (it is backdated by the skew tolerance; an adopted
-			// CA may not be backdated at all).
-			return false
-		}
-		if last.signing.Key == nil && c.Key != nil {
-			// A CA adopted without its key is only ever replaced.
+			// CA may not be backdated at all). Any other CA is judged as
+			// below, also one with a key replacing a CA adopted without
+			// its key: a backup restored mid-adoption is a rollback.
 			return false
 		}
 		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
@@ -508,7 +511,10 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		st.signing, st.legacy, restored = last.signing, last.legacy, true
 	}
 	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
-		last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore) {
+		(last.signing != nil && st.signing.Cert.Equal(last.signing.Cert) || last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore)) {
+		// Our successor was lost, unless the Secret's signing CA is newer
+		// than it. Under the CA it was published for, it is lost whatever
+		// the NotBefores (an adopted CA is not backdated, the successor is).
 		st.next, st.nextSince, st.seenSince, restored = last.next, last.nextSince, last.seenSince, true
 	}
 	if restored {
@@ -573,16 +579,27 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 // writeAuthoritySecret stores the state in the Secret: the signing CA as
 // tls.crt and tls.key, the bundle as ca.crt, and a successor with its
 // publication time. A signing CA adopted without its key (knative) is not
-// written there: the Secret keeps the other tool's CA and leaf until a CA
-// with a key signs; then the other tool's keys are removed (layout).
+// written there: it and the other tool's leaf are written in the other
+// tool's keys, where they were adopted from, so that the Secret reads back
+// as the state in force also when it is written back after a delete or a
+// rollback; once a CA with a key signs, the other tool's keys are removed
+// (layout).
 func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	if st.signing.Key != nil {
+	switch {
+	case st.signing.Key != nil:
 		s.Data[corev1.TLSCertKey] = st.signing.CertPEM
 		s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
 		removeForeignKeys(s, layout)
+	case st.legacy != nil:
+		// A tls.crt would be read as the signing CA in force.
+		delete(s.Data, corev1.TLSCertKey)
+		delete(s.Data, corev1.TLSPrivateKeyKey)
+		s.Data[knativeCACertKey] = st.signing.CertPEM
+		s.Data[knativeServerCertKey] = st.legacy.CertPEM
+		s.Data[knativeServerKeyKey] = st.legacy.KeyPEM
 	}
 	s.Data[SecretCAKey], _ = st.bundlePEM()
 	if st.next != nil {

@@ -91,16 +91,20 @@ func (a *Authority) clockSkew(st *caSet, now time.Time) (reason string, waiting 
 		return fmt.Sprintf("%d of the %d live replicas (%s) are behind this replica's clock by more than the skew tolerance %v, by their Lease renewals: this clock is ahead",
 			len(v.behind), all, strings.Join(v.behind, ", "), tol), false
 	}
-	if st.signing != nil && !now.Before(st.signing.Cert.NotAfter) {
+	if st.signing == nil {
+		return "", false
+	}
+	// A CA adopted without its key ends with the other tool's leaf.
+	if end := st.signingEnds(); !now.Before(end) {
 		past := 1 // this replica
 		for _, d := range v.deltas {
-			if !now.Add(d).Before(st.signing.Cert.NotAfter) {
+			if !now.Add(d).Before(end) {
 				past++
 			}
 		}
 		if 2*past <= all {
-			return fmt.Sprintf("the signing CA %q expired at %s on this replica's clock, but only %d of the %d live replicas' clocks are past that by their Lease renewals",
-				st.signing.Cert.Subject.CommonName, st.signing.Cert.NotAfter.UTC().Format(time.RFC3339), past, all), false
+			return fmt.Sprintf("the signing CA %q ended at %s on this replica's clock, but only %d of the %d live replicas' clocks are past that by their Lease renewals",
+				st.signing.Cert.Subject.CommonName, end.UTC().Format(time.RFC3339), past, all), false
 		}
 	}
 	return "", false

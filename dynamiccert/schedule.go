@@ -48,6 +48,17 @@ type caSet struct {
 	legacy *pki.Issued
 }
 
+// signingEnds is when the signing CA stops being able to serve: its
+// NotAfter, or for a CA adopted without its key, which serves only the
+// other tool's leaf, that leaf's NotAfter when it comes first.
+func (cs *caSet) signingEnds() time.Time {
+	end := cs.signing.Cert.NotAfter
+	if cs.signing.Key == nil && cs.legacy != nil && cs.legacy.Cert.NotAfter.Before(end) {
+		end = cs.legacy.Cert.NotAfter
+	}
+	return end
+}
+
 func (cs *caSet) clone() caSet {
 	c := *cs
 	c.bundle = slices.Clone(cs.bundle)
@@ -86,7 +97,7 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 		}
 		cs.signing, changed = ca, true
 		klog.Background().Info("Created signing CA", "provider", r.name, "ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "notAfter", ca.Cert.NotAfter.UTC())
-	case cs.signing == nil || !r.valid(cs.signing.Cert, now):
+	case cs.signing == nil || !r.valid(cs.signing.Cert, now) || !now.Before(cs.signingEnds()):
 		if cs.next != nil && r.valid(cs.next.Cert, now) {
 			// No choice is left; the question is only whether clients can
 			// have it: its minimum delay passed here and this process's
