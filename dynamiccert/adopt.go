@@ -178,16 +178,8 @@ func parseKnativeSecret(s *corev1.Secret) (*caSet, error) {
 		return nil, err
 	}
 	st := &caSet{signing: ca, legacy: leaf}
-	if len(s.Data[AuthorityNextCertKey]) > 0 {
-		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
-			return nil, fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
-		}
-		st.nextSince = parseNextSince(s)
-	}
-	if len(s.Data[SecretCAKey]) > 0 {
-		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
-			return nil, fmt.Errorf("%s: %w", SecretCAKey, err)
-		}
+	if err := parseSuccessorAndBundle(s, st); err != nil {
+		return nil, err
 	}
 	if !containsCert(st.bundle, ca.Cert) {
 		// Nothing clients trust today is dropped.

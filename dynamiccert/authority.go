@@ -538,18 +538,28 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 			return nil, fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 		}
 	}
+	if err := parseSuccessorAndBundle(s, st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// parseSuccessorAndBundle reads the published successor and the trusted
+// bundle into st: evercert's keys, in every layout it adopts.
+func parseSuccessorAndBundle(s *corev1.Secret, st *caSet) error {
+	var err error
 	if len(s.Data[AuthorityNextCertKey]) > 0 {
 		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
-			return nil, fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
+			return fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
 		st.nextSince = parseNextSince(s)
 	}
 	if len(s.Data[SecretCAKey]) > 0 {
 		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
-			return nil, fmt.Errorf("%s: %w", SecretCAKey, err)
+			return fmt.Errorf("%s: %w", SecretCAKey, err)
 		}
 	}
-	return st, nil
+	return nil
 }
 
 // parseNextSince reads the successor's publication time. It is for status
