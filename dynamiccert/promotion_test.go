@@ -192,7 +192,7 @@ var (
 // a confirmed successor back.
 func TestPromotionWithinSecondsOfAnOutage(t *testing.T) {
 	const bound = 10 * time.Second
-	for _, n := range []int{2, 3} {
+	for _, n := range []int{2, 3, 10} {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			client := fake.NewClientset()
 			optimistic(client)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -137,6 +138,12 @@ type replicaSet struct {
 	report      *reporter
 	watchReport *reporter
 	wantChange  chan struct{}
+	// apiBack is signalled by the issuer when a check succeeds after
+	// failing: the API server answers again (see run).
+	apiBack chan struct{}
+	// rotating: a successor CA waits to sign; failed writes back off at
+	// most successorRetryCap.
+	rotating atomic.Bool
 
 	mu      sync.Mutex
 	want    announcement
@@ -161,7 +168,7 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
 		duration: duration, skew: skew, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
-		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
+		wantChange: make(chan struct{}, 1), apiBack: make(chan struct{}, 1), seen: map[string]*seenLease{},
 	}
 }
 
@@ -202,14 +209,21 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 	return out
 }
 
-// run watches the Leases and writes this replica's until ctx is done.
-func (r *replicaSet) run(ctx context.Context, kick func()) {
+// run watches the Leases and writes this replica's until ctx is done. When
+// a write succeeds after failing, apiBack tells the issuer the API server
+// answers again.
+func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 	r.woke()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { r.watch(ctx, kick) })
 
+	// rotatingRetry is the backoff while a successor waits: capped at
+	// successorRetryCap, so that its announcement follows the end of an
+	// outage within seconds.
 	retry := backoff.New(backoff.DefaultInitial, backoff.DefaultCap)
+	rotatingRetry := backoff.New(backoff.DefaultInitial, successorRetryCap)
+	failing := false
 	for {
 		wait, err := r.writeIfDue(ctx)
 		if ctx.Err() != nil {
@@ -217,23 +231,39 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 		}
 		if err != nil {
 			_ = r.report.failed(err)
-			wait = retry.Next(err)
+			if r.rotating.Load() {
+				wait = rotatingRetry.Next(err)
+			} else {
+				wait = retry.Next(err)
+			}
 		} else {
 			r.report.succeeded()
 			retry.Reset()
+			rotatingRetry.Reset()
+			if failing {
+				apiBack()
+			}
 			r.collect(ctx)
 		}
+		failing = err != nil
 		t := r.clock.NewTimer(wait)
 		r.asleep(wait)
-		change := r.wantChange
+		change, back := r.wantChange, (<-chan struct{})(nil)
 		if err != nil {
 			change = nil // back off even if the announcement changes
+			back = r.apiBack
 		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-change:
+			t.Stop()
+		case <-back:
+			// The issuer's check succeeded after failing: the outage is
+			// over, write now rather than at the end of a backoff grown
+			// through it. The issuer signals once per failure streak of
+			// its own, so this never loops hot.
 			t.Stop()
 		case <-t.C():
 		}
