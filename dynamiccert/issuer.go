@@ -369,7 +369,6 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 				trusted = append(trusted, Fingerprint(c))
 			}
 		}
-		i.replicas.rotating.Store(st.next != nil)
 		i.replicas.announce(trusted, bundle, leafSerial, leafPEM)
 	}
 	i.updateStatus(st, now)
@@ -536,12 +535,13 @@ type issuerRetry struct {
 	waiting *backoff.Backoff
 }
 
-// successorRetryCap caps the backoff of the issuer's checks and of the
-// Lease writes while a successor CA waits to sign (backoff.DefaultCap
-// otherwise): with jitter, a failed request is retried within 6 s, so the
-// successor signs within 10 s of the API server answering again (issue
-// 22). It costs one request per loop every 4-6 s during an outage, and
-// only during a rotation.
+// successorRetryCap caps the backoff of the issuer's checks while a
+// successor CA waits to sign (backoff.DefaultCap otherwise): with jitter, a
+// failed check (its first request is a GET of the Secret) is retried within
+// 6 s, and the first that succeeds wakes the Lease writer (replicaSet.run),
+// so the successor signs within 10 s of the API server answering again
+// (issue 22). It costs one GET every 4-6 s per replica during an outage,
+// and only during a rotation.
 const successorRetryCap = 4 * time.Second
 
 func newIssuerRetry() *issuerRetry {

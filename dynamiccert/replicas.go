@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -141,9 +140,6 @@ type replicaSet struct {
 	// apiBack is signalled by the issuer when a check succeeds after
 	// failing: the API server answers again (see run).
 	apiBack chan struct{}
-	// rotating: a successor CA waits to sign; failed writes back off at
-	// most successorRetryCap.
-	rotating atomic.Bool
 
 	mu      sync.Mutex
 	want    announcement
@@ -218,11 +214,11 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 	defer wg.Wait()
 	wg.Go(func() { r.watch(ctx, kick) })
 
-	// rotatingRetry is the backoff while a successor waits: capped at
-	// successorRetryCap, so that its announcement follows the end of an
-	// outage within seconds.
+	// Failed writes back off up to backoff.DefaultCap even while a
+	// successor waits: the issuer's checks, which retry sooner then (see
+	// successorRetryCap), find out when the API server answers again and
+	// wake this loop through apiBack.
 	retry := backoff.New(backoff.DefaultInitial, backoff.DefaultCap)
-	rotatingRetry := backoff.New(backoff.DefaultInitial, successorRetryCap)
 	failing := false
 	for {
 		wait, err := r.writeIfDue(ctx)
@@ -231,15 +227,10 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 		}
 		if err != nil {
 			_ = r.report.failed(err)
-			if r.rotating.Load() {
-				wait = rotatingRetry.Next(err)
-			} else {
-				wait = retry.Next(err)
-			}
+			wait = retry.Next(err)
 		} else {
 			r.report.succeeded()
 			retry.Reset()
-			rotatingRetry.Reset()
 			if failing {
 				apiBack()
 			}
