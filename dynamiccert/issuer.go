@@ -38,6 +38,9 @@ type issuer struct {
 	replicas *replicaSet // nil without replica coordination
 	report   *reporter
 	kick     chan struct{}
+	// apiBack is signalled by the Lease writer when a write succeeds after
+	// failing: the API server answers again (see run).
+	apiBack chan struct{}
 
 	obsMu     sync.Mutex
 	observers []Observer
@@ -98,7 +101,7 @@ type caStore interface {
 }
 
 func newIssuer(cfg issuerConfig, sched rotation, store caStore, observers []Observer) *issuer {
-	i := &issuer{cfg: cfg, sched: sched, store: store, report: newReporter(cfg.name, cfg.recorder, cfg.eventObject), kick: make(chan struct{}, 1)}
+	i := &issuer{cfg: cfg, sched: sched, store: store, report: newReporter(cfg.name, cfg.recorder, cfg.eventObject), kick: make(chan struct{}, 1), apiBack: make(chan struct{}, 1)}
 	for _, h := range cfg.hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			i.cfg.ips = append(i.cfg.ips, ip)
@@ -193,9 +196,10 @@ func (i *issuer) run(ctx context.Context) {
 	defer wg.Wait()
 	wg.Go(func() { i.store.run(ctx, i.Enqueue) })
 	if i.replicas != nil {
-		wg.Go(func() { i.replicas.run(ctx, i.Enqueue) })
+		wg.Go(func() { i.replicas.run(ctx, i.Enqueue, func() { signal(i.apiBack) }) })
 	}
 	retry := newIssuerRetry()
+	failing := false
 	for {
 		// The check below covers every notification so far.
 		select {
@@ -206,10 +210,19 @@ func (i *issuer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		wait, backingOff := retry.after(next, err, i.cfg.checkInterval)
-		kick := i.kick
+		if err == nil && failing && i.replicas != nil {
+			// The API answers again: the Lease writer need not sit out its
+			// backoff to announce what this check adopted.
+			signal(i.replicas.apiBack)
+		}
+		failing = err != nil
+		wait, backingOff := retry.after(next, err, i.cfg.checkInterval, i.successorWaits())
+		kick, apiBack := i.kick, (<-chan struct{})(nil)
 		if backingOff {
 			kick = nil
+			if i.replicas != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+				apiBack = i.apiBack
+			}
 			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 				klog.FromContext(ctx).V(2).Info("CA state keeps changing underneath us; backing off", "provider", i.cfg.name, "retryIn", wait)
 			}
@@ -221,8 +234,30 @@ func (i *issuer) run(ctx context.Context) {
 			return
 		case <-kick:
 			t.Stop()
+		case <-apiBack:
+			// The Lease writer's request succeeded after failing: the
+			// outage is over, retry now rather than at the end of a backoff
+			// grown through it. It signals once per failure streak of its
+			// own, so this never loops hot.
+			t.Stop()
 		case <-t.C():
 		}
+	}
+}
+
+// successorWaits reports whether a successor CA waits to sign.
+func (i *issuer) successorWaits() bool {
+	i.mu.RLock()
+	defer i.mu.RUnlock()
+	return i.cas.next != nil
+}
+
+// signal sends on a notification channel of capacity one without blocking;
+// notifications coalesce.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 
@@ -494,19 +529,40 @@ func (m *memoryStore) run(context.Context, func()) {}
 // backoff delay after a failure. It is owned by one loop.
 type issuerRetry struct {
 	backoff *backoff.Backoff
+	// waiting backs off while a successor waits to sign: capped at
+	// successorRetryCap, so that promotion follows the end of an outage
+	// within seconds.
+	waiting *backoff.Backoff
 }
 
+// successorRetryCap caps the backoff of the issuer's checks while a
+// successor CA waits to sign (backoff.DefaultCap otherwise): with jitter, a
+// failed check (its first request is a GET of the Secret) is retried within
+// 6 s, and the first that succeeds wakes the Lease writer (replicaSet.run),
+// so the successor signs within 10 s of the API server answering again
+// (issue 22). It costs one GET every 4-6 s per replica during an outage,
+// and only during a rotation.
+const successorRetryCap = 4 * time.Second
+
 func newIssuerRetry() *issuerRetry {
-	return &issuerRetry{backoff: backoff.New(backoff.DefaultInitial, backoff.DefaultCap)}
+	return &issuerRetry{
+		backoff: backoff.New(backoff.DefaultInitial, backoff.DefaultCap),
+		waiting: backoff.New(backoff.DefaultInitial, successorRetryCap),
+	}
 }
 
 // after returns the wait after a check that ended with err and, on success,
 // next until its next deadline. backingOff reports a failure: the wait is a
 // backoff delay, which neither the check interval nor an event may shorten.
-func (r *issuerRetry) after(next time.Duration, err error, checkInterval time.Duration) (wait time.Duration, backingOff bool) {
+// successorWaits selects the shorter backoff (successorRetryCap).
+func (r *issuerRetry) after(next time.Duration, err error, checkInterval time.Duration, successorWaits bool) (wait time.Duration, backingOff bool) {
 	if err != nil {
+		if successorWaits {
+			return r.waiting.Next(err), true
+		}
 		return r.backoff.Next(err), true
 	}
 	r.backoff.Reset()
+	r.waiting.Reset()
 	return min(max(next, 0), checkInterval), false
 }

@@ -137,6 +137,9 @@ type replicaSet struct {
 	report      *reporter
 	watchReport *reporter
 	wantChange  chan struct{}
+	// apiBack is signalled by the issuer when a check succeeds after
+	// failing: the API server answers again (see run).
+	apiBack chan struct{}
 
 	mu      sync.Mutex
 	want    announcement
@@ -161,7 +164,7 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 	return &replicaSet{
 		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
 		duration: duration, skew: skew, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
-		wantChange: make(chan struct{}, 1), seen: map[string]*seenLease{},
+		wantChange: make(chan struct{}, 1), apiBack: make(chan struct{}, 1), seen: map[string]*seenLease{},
 	}
 }
 
@@ -202,14 +205,21 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 	return out
 }
 
-// run watches the Leases and writes this replica's until ctx is done.
-func (r *replicaSet) run(ctx context.Context, kick func()) {
+// run watches the Leases and writes this replica's until ctx is done. When
+// a write succeeds after failing, apiBack tells the issuer the API server
+// answers again.
+func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 	r.woke()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { r.watch(ctx, kick) })
 
+	// Failed writes back off up to backoff.DefaultCap even while a
+	// successor waits: the issuer's checks, which retry sooner then (see
+	// successorRetryCap), find out when the API server answers again and
+	// wake this loop through apiBack.
 	retry := backoff.New(backoff.DefaultInitial, backoff.DefaultCap)
+	failing := false
 	for {
 		wait, err := r.writeIfDue(ctx)
 		if ctx.Err() != nil {
@@ -221,19 +231,30 @@ func (r *replicaSet) run(ctx context.Context, kick func()) {
 		} else {
 			r.report.succeeded()
 			retry.Reset()
+			if failing {
+				apiBack()
+			}
 			r.collect(ctx)
 		}
+		failing = err != nil
 		t := r.clock.NewTimer(wait)
 		r.asleep(wait)
-		change := r.wantChange
+		change, back := r.wantChange, (<-chan struct{})(nil)
 		if err != nil {
 			change = nil // back off even if the announcement changes
+			back = r.apiBack
 		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-change:
+			t.Stop()
+		case <-back:
+			// The issuer's check succeeded after failing: the outage is
+			// over, write now rather than at the end of a backoff grown
+			// through it. The issuer signals once per failure streak of
+			// its own, so this never loops hot.
 			t.Stop()
 		case <-t.C():
 		}
