@@ -61,7 +61,8 @@ func TestAdoptRollingUpgrade(t *testing.T) {
 	waitFor(t, "the new replica's leaf", func() bool { return adopting.Leaf() != nil })
 	// The old replica retries with backoff on the fake clock; step it on.
 	ok := func() bool { return old.Leaf() != nil && old.LastError() == nil }
-	for !ok() {
+	for steps := 0; !ok(); steps++ {
+		require.Less(t, steps, 100, "the old replica never signs with the adopted CA")
 		clk.Step(2 * backoff.DefaultCap)
 		waitFor(t, "a check", func() bool { return clk.Waiters() >= 2 || ok() })
 	}

@@ -68,11 +68,16 @@ func TestAdoptKnativeSecretDeletedMidAdoption(t *testing.T) {
 	published := getSecret(t, client).Data[AuthorityNextCertKey]
 	require.NotEmpty(t, published, "the successor is published")
 
-	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
+	// The count starts before the delete: the write-back may come before
+	// the next line runs (it did under load, and the loop below then
+	// waited forever for a write that had already happened).
 	start := writes.Load()
+	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
 	// Settled: the loop asleep, the Secret written back and not written
 	// since. A write loop never settles; it fails on the write count.
+	deadline := time.Now().Add(time.Minute)
 	for settled := false; !settled; {
+		require.False(t, time.Now().After(deadline), "the Secret was not written back within a minute of its deletion")
 		n := writes.Load() - start
 		require.LessOrEqual(t, n, int64(3), "write loop: the Secret is written back on every watch event")
 		rv := secretRV(client)
