@@ -137,7 +137,9 @@ func (w *promotionWorld) rotate() time.Duration {
 		}
 	}
 	var delayEnds time.Time
+	began := w.clk.Now()
 	for !w.signedBy(fp) {
+		require.False(w.t, w.clk.Now().After(began.Add(24*time.Hour)), "no successor with a propagation delay appeared")
 		for _, a := range w.replicas {
 			if s := a.Status().Successor; s != nil && s.Fingerprint == fp && s.SignsNoEarlierThan.After(delayEnds) {
 				delayEnds = s.SignsNoEarlierThan
