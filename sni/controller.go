@@ -81,6 +81,12 @@ type DynamicServingCertificateController struct {
 	// provider name before each parse of new content; it may be called
 	// from several goroutines at once (see fetchAll).
 	onParse func(provider string)
+	// aggregated are the slots whose metrics are reported together (see
+	// aggregateMetrics), nil when each has its own; expiry is their
+	// expiration gauge. Guarded by syncMu.
+	aggregated []*certSlot
+	expiry     earliestExpiry
+
 	// parseWorkers, when set (by tests, before the first sync), replaces
 	// GOMAXPROCS as the number of goroutines that read and parse the
 	// providers in a sync that reads them all.
@@ -170,6 +176,7 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 			alt.AddListener(slotListener{c, slot})
 		}
 	}
+	c.aggregated = aggregateMetrics(o, slices.Collect(chainSlots(c.serving, c.sniSlots)))
 	return c, nil
 }
 
@@ -451,11 +458,14 @@ func (c *DynamicServingCertificateController) syncLocked(all bool) (swapped, ret
 	// last full build; rotated are the slots whose certificate changed
 	// since the current snapshot was made.
 	reindex := false
-	var rotated []*certSlot
+	var rotated, expiring []*certSlot
 	note := func(slot *certSlot) {
 		reindex = reindex || slot.reindex
 		if slot.pair != slot.inSnapshot {
 			rotated = append(rotated, slot)
+		}
+		if slot.aggregated && slot.pair != nil && slot.pair != slot.inSnapshot {
+			expiring = append(expiring, slot)
 		}
 	}
 	if c.clientCA != nil && (all || caDirty) {
@@ -475,6 +485,10 @@ func (c *DynamicServingCertificateController) syncLocked(all bool) (swapped, ret
 			apply(slot.refresh(c, now))
 			note(slot)
 		}
+	}
+
+	if len(expiring) > 0 {
+		c.expiry.update(c.opts.name, c.aggregated, expiring)
 	}
 
 	prev := c.current.Load()

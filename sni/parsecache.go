@@ -89,6 +89,10 @@ type certSlot struct {
 	servedIndex int
 	reindex     bool
 
+	// aggregated is set when the slot's metrics are reported with those of
+	// other slots (see aggregateMetrics); set at construction.
+	aggregated bool
+
 	// queued is set while the slot is in the controller's dirty list;
 	// guarded by the controller's dirtyMu, not syncMu.
 	queued bool
