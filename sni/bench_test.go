@@ -344,7 +344,7 @@ func scaleFor(b *testing.B, n int) *scaleController {
 //     the metric series; the PEM the providers hold is not counted). The
 //     providers are read and parsed on GOMAXPROCS goroutines;
 //   - startup-per-provider-metrics/n=100000: the same with three metric
-//     series per provider (PerProviderMetricsLimit 100,000).
+//     series per provider (PerProviderMetricsLimit 200,000).
 func BenchmarkSNIScale(b *testing.B) {
 	klogtest.Discard(b)
 	for _, n := range []int{1, 100, 10000, maxSNI} {
@@ -420,7 +420,7 @@ func BenchmarkSNIScale(b *testing.B) {
 		}
 	})
 	b.Run(fmt.Sprintf("startup/n=%d", maxSNI), func(b *testing.B) { benchStartup(b, 0) })
-	b.Run(fmt.Sprintf("startup-per-provider-metrics/n=%d", maxSNI), func(b *testing.B) { benchStartup(b, maxSNI) })
+	b.Run(fmt.Sprintf("startup-per-provider-metrics/n=%d", maxSNI), func(b *testing.B) { benchStartup(b, 2*maxSNI) })
 }
 
 // startupRuns numbers the start-up measurements of this process, so that
