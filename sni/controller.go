@@ -290,7 +290,10 @@ func (c *DynamicServingCertificateController) TLSConfig() *tls.Config {
 // reports and indexes the results in provider order, so the snapshot, the
 // precedence among providers and what is reported are those of a
 // sequential read; a sync after a few providers notified reads those
-// alone, on the sync goroutine.
+// alone, on the sync goroutine. Providers are therefore read concurrently
+// with each other (each by one goroutine at a time, unless it is given
+// twice): they must be safe for concurrent use, as they already are for
+// handshakes and for upstream's controller.
 func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
