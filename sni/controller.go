@@ -292,8 +292,9 @@ func (c *DynamicServingCertificateController) TLSConfig() *tls.Config {
 // sequential read; a sync after a few providers notified reads those
 // alone, on the sync goroutine. Providers are therefore read concurrently
 // with each other (each by one goroutine at a time, unless it is given
-// twice): they must be safe for concurrent use, as they already are for
-// handshakes and for upstream's controller.
+// twice): they must be safe for concurrent use, as providers already are,
+// since their own goroutines change their content while a controller
+// reads it.
 func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
