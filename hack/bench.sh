@@ -38,6 +38,7 @@ benches=(
   "./sni/:^BenchmarkRotationPropagation$:${ROTATIONS}x"
   "./dynamiccert/:^BenchmarkSelfSignedGenerate$"
   "./loopback/:^BenchmarkLoopback"
+  "./cabundle/:^BenchmarkPublisherScale$:1x"
 )
 : > "$OUT/raw.txt"
 for b in "${benches[@]}"; do

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,8 +78,19 @@ type DynamicServingCertificateController struct {
 	syncLog errlog.Once
 
 	// onParse, when set (by tests, before the first sync), is called with the
-	// provider name before each parse of new content.
+	// provider name before each parse of new content; it may be called
+	// from several goroutines at once (see fetchAll).
 	onParse func(provider string)
+	// aggregated are the slots whose metrics are reported together (see
+	// aggregateMetrics), nil when each has its own; expiry is their
+	// expiration gauge. Guarded by syncMu.
+	aggregated []*certSlot
+	expiry     earliestExpiry
+
+	// parseWorkers, when set (by tests, before the first sync), replaces
+	// GOMAXPROCS as the number of goroutines that read and parse the
+	// providers in a sync that reads them all.
+	parseWorkers int
 }
 
 var _ dynamiccertificates.Listener = &DynamicServingCertificateController{}
@@ -164,6 +176,7 @@ func NewDynamicServingCertificateController(cfg ControllerConfig) (*DynamicServi
 			alt.AddListener(slotListener{c, slot})
 		}
 	}
+	c.aggregated = aggregateMetrics(o, slices.Collect(chainSlots(c.serving, c.sniSlots)))
 	return c, nil
 }
 
@@ -271,6 +284,17 @@ func (c *DynamicServingCertificateController) TLSConfig() *tls.Config {
 // bad content is logged, counted in evercert_certificate_load_errors_total
 // and left out (or kept at its last good certificate), and the others are
 // served. It may be called concurrently with Run; syncs are serialised.
+//
+// A sync that reads every provider (this one, Run's first, the periodic
+// resync, an Enqueue) reads and parses them on GOMAXPROCS goroutines, then
+// reports and indexes the results in provider order, so the snapshot, the
+// precedence among providers and what is reported are those of a
+// sequential read; a sync after a few providers notified reads those
+// alone, on the sync goroutine. Providers are therefore read concurrently
+// with each other (each by one goroutine at a time, unless it is given
+// twice): they must be safe for concurrent use, as providers already are,
+// since their own goroutines change their content while a controller
+// reads it.
 func (c *DynamicServingCertificateController) RunOnce(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -438,20 +462,25 @@ func (c *DynamicServingCertificateController) syncLocked(all bool) (swapped, ret
 	// last full build; rotated are the slots whose certificate changed
 	// since the current snapshot was made.
 	reindex := false
-	var rotated []*certSlot
+	var rotated, expiring []*certSlot
 	note := func(slot *certSlot) {
 		reindex = reindex || slot.reindex
 		if slot.pair != slot.inSnapshot {
 			rotated = append(rotated, slot)
+		}
+		if slot.aggregated && slot.pair != nil && slot.pair != slot.inSnapshot {
+			expiring = append(expiring, slot)
 		}
 	}
 	if c.clientCA != nil && (all || caDirty) {
 		apply(c.clientCA.refresh(c))
 	}
 	if all {
-		for slot := range chainSlots(c.serving, c.sniSlots) {
-			apply(slot.refresh(c, now))
-			note(slot)
+		// Read and parse on every core, then apply in order.
+		slots := slices.AppendSeq(make([]*certSlot, 0, len(c.serving)+len(c.sniSlots)), chainSlots(c.serving, c.sniSlots))
+		for i, f := range c.fetchAll(slots, now) {
+			apply(slots[i].apply(c, f))
+			note(slots[i])
 		}
 	} else {
 		// Only providers that notified can have changed: the others'
@@ -460,6 +489,10 @@ func (c *DynamicServingCertificateController) syncLocked(all bool) (swapped, ret
 			apply(slot.refresh(c, now))
 			note(slot)
 		}
+	}
+
+	if len(expiring) > 0 {
+		c.expiry.update(c.opts.name, c.aggregated, expiring)
 	}
 
 	prev := c.current.Load()

@@ -24,6 +24,11 @@ const DefaultName = "DynamicServingCertificateController"
 // were not yet valid when they were first read.
 const DefaultResyncInterval = time.Minute
 
+// DefaultPerProviderMetricsLimit is ControllerConfig.PerProviderMetricsLimit
+// when it is zero: up to 1,000 providers (3,000 series) stay one series
+// each, as they always were; more are reported together.
+const DefaultPerProviderMetricsLimit = 1000
+
 // ControllerConfig configures a DynamicServingCertificateController. Every
 // field is optional, but at least one of Serving and SNI must be set; the
 // zero value of each field gives the default documented on it.
@@ -82,6 +87,23 @@ type ControllerConfig struct {
 	// Default: no Events; either nil sends none.
 	EventRecorder events.EventRecorder
 	EventObject   runtime.Object
+
+	// PerProviderMetricsLimit is how many providers the controller reports
+	// metrics for one by one. It concerns the providers whose content the
+	// controller parses itself, those that are not ParsedCertKeyProvider
+	// (evercert's providers report their own metrics). Each costs three
+	// series (evercert_certificate_expiration_timestamp_seconds,
+	// _rotations_total and _load_errors_total, labelled with its name);
+	// with more of them than the limit, which at 100,000 SNI certificates
+	// is a cardinality problem for Prometheus and about a quarter of the
+	// controller's memory, they are reported together under one label,
+	// provider=<Name>: the rotations and load errors of all of them, and the
+	// earliest NotAfter among the certificates they serve, so that expiry
+	// alerts and rate() keep working. Log lines and Events still name each
+	// provider. The choice is made once, at construction. Default (zero)
+	// DefaultPerProviderMetricsLimit; a negative value always reports them
+	// together.
+	PerProviderMetricsLimit int
 }
 
 // options is a ControllerConfig with its defaults filled in.
@@ -91,12 +113,18 @@ type options struct {
 	resync        time.Duration
 	eventRecorder events.EventRecorder
 	eventObject   runtime.Object
+	// metricsLimit is PerProviderMetricsLimit; negative: none one by one.
+	metricsLimit int
 }
 
 // complete validates cfg, naming the field at fault, and returns the
 // options it gives and the base config to clone.
 func (cfg ControllerConfig) complete() (options, *tls.Config, error) {
-	o := options{clock: cfg.Clock, name: cfg.Name, resync: cfg.ResyncInterval, eventRecorder: cfg.EventRecorder, eventObject: cfg.EventObject}
+	o := options{clock: cfg.Clock, name: cfg.Name, resync: cfg.ResyncInterval, eventRecorder: cfg.EventRecorder, eventObject: cfg.EventObject,
+		metricsLimit: cfg.PerProviderMetricsLimit}
+	if o.metricsLimit == 0 {
+		o.metricsLimit = DefaultPerProviderMetricsLimit
+	}
 	if cfg.Clock == nil {
 		o.clock = clock.RealClock{}
 	}

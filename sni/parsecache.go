@@ -89,6 +89,10 @@ type certSlot struct {
 	servedIndex int
 	reindex     bool
 
+	// aggregated is set when the slot's metrics are reported with those of
+	// other slots (see aggregateMetrics); set at construction.
+	aggregated bool
+
 	// queued is set while the slot is in the controller's dirty list;
 	// guarded by the controller's dirtyMu, not syncMu.
 	queued bool
@@ -128,21 +132,95 @@ type refreshResult struct {
 // which reported it; other content is parsed here, and reported here (one
 // log line, the metrics, an Event on rotation). A rejection is reported here
 // either way, once per distinct failure.
+//
+// refresh is fetch then apply; a sync that reads every provider runs the
+// fetches of many slots at once (fetchAll) and then applies them in order.
 func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time) refreshResult {
-	s.name = s.provider.Name()
-	var (
-		certPEM, keyPEM []byte
-		parsed          *tls.Certificate
-	)
-	if s.parsed != nil {
-		certPEM, keyPEM, parsed = s.parsed.CurrentParsedCertKeyContent()
-	} else {
-		certPEM, keyPEM = s.provider.CurrentCertKeyContent()
-	}
+	return s.apply(c, s.fetch(c, now))
+}
 
+// fetched is what fetch read from a slot's provider and, for new content,
+// what it made of it.
+type fetched struct {
+	name            string
+	certPEM, keyPEM []byte
+	parsed          *tls.Certificate
+	sniNames        []string // the SNI provider's SNINames(), as returned
+
+	// skip is why the content is not loaded, or skipNone when it was:
+	// then err is its rejection, or pair and the rest its result.
+	skip      skipReason
+	err       error
+	pair      *pki.KeyPair
+	extracted []string
+	sans      string
+	ipSANs    []string
+	desc      *ServedCertificate
+}
+
+// skipReason tells why fetch did not load a provider's content.
+type skipReason int
+
+const (
+	skipNone      skipReason = iota
+	skipUnchanged            // the last good content
+	skipNotLoaded            // a ParsedCertKeyProvider with nothing loaded yet
+	skipSameAsBad            // the last rejected content, already reported
+)
+
+// skip returns why content read from the provider need not be loaded, from
+// the slot's cache; fetch and apply ask it with the same slot state, so they
+// agree.
+func (s *certSlot) skip(certPEM, keyPEM []byte, parsed *tls.Certificate) skipReason {
+	switch {
+	case s.pair != nil && sameBytes(certPEM, s.cert) && sameBytes(keyPEM, s.key):
+		// Unchanged, or back to the last good content after a rejection.
+		return skipUnchanged
+	case s.parsed != nil && parsed == nil:
+		return skipNotLoaded
+	case s.badErr != nil && sameBytes(certPEM, s.badCert) && sameBytes(keyPEM, s.badKey) &&
+		!errors.Is(s.badErr, pki.ErrNotYetValid):
+		return skipSameAsBad
+	}
+	return skipNone
+}
+
+// fetch reads the provider and, when its content is new, parses it (or,
+// for a ParsedCertKeyProvider, checks its dates) and derives what the slot
+// keeps of it. It only reads the slot, reports nothing and changes nothing
+// shared, so the fetches of different slots may run concurrently while the
+// controller's syncMu is held; apply then updates the slot.
+func (s *certSlot) fetch(c *DynamicServingCertificateController, now time.Time) fetched {
+	f := fetched{name: s.provider.Name()}
+	if s.parsed != nil {
+		f.certPEM, f.keyPEM, f.parsed = s.parsed.CurrentParsedCertKeyContent()
+	} else {
+		f.certPEM, f.keyPEM = s.provider.CurrentCertKeyContent()
+	}
+	if s.sni != nil {
+		f.sniNames = s.sni.SNINames()
+	}
+	if f.skip = s.skip(f.certPEM, f.keyPEM, f.parsed); f.skip != skipNone {
+		return f
+	}
+	f.pair, f.err = s.load(c, f.name, f.certPEM, f.keyPEM, f.parsed, now)
+	if f.err != nil {
+		return f
+	}
+	f.extracted = extractNames(f.pair.Leaf)
+	f.sans, f.ipSANs = subjectAltNames(f.pair.Leaf)
+	desc := describe(f.name, s.role, f.pair.Leaf)
+	f.desc = &desc
+	return f
+}
+
+// apply brings the slot up to date with what fetch read, reporting what
+// changed; see refresh.
+func (s *certSlot) apply(c *DynamicServingCertificateController, f fetched) refreshResult {
+	s.name = f.name
 	var res refreshResult
 	if s.sni != nil {
-		if names := s.sni.SNINames(); !equalFoldNames(s.explicitSeen, names) {
+		if names := f.sniNames; !equalFoldNames(s.explicitSeen, names) {
 			s.explicitSeen = lowerNames(names, false)
 			s.explicit = lowerNames(names, true)
 			if s.nameOnly {
@@ -153,33 +231,29 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 		}
 	}
 
-	if s.pair != nil && sameBytes(certPEM, s.cert) && sameBytes(keyPEM, s.key) {
-		// Unchanged, or back to the last good content after a rejection.
+	switch f.skip {
+	case skipUnchanged:
 		s.badCert, s.badKey, s.badErr = nil, nil, nil
 		s.report.Succeeded()
 		return res
-	}
-	if s.parsed != nil && parsed == nil {
+	case skipNotLoaded:
 		// Nothing loaded yet: the provider reports its own failures.
 		res.err = fmt.Errorf("%s certificate from provider %q: nothing loaded yet", s.role, s.name)
 		return res
-	}
-	sameAsBad := s.badErr != nil && sameBytes(certPEM, s.badCert) && sameBytes(keyPEM, s.badKey)
-	if sameAsBad && !errors.Is(s.badErr, pki.ErrNotYetValid) {
+	case skipSameAsBad:
 		// Already reported.
 		res.err = s.badErr
 		return res
 	}
 
-	pair, err := s.load(c, certPEM, keyPEM, parsed, now)
-	if err != nil {
-		err = fmt.Errorf("%s certificate from provider %q rejected: %w", s.role, s.name, err)
+	if f.err != nil {
+		err := fmt.Errorf("%s certificate from provider %q rejected: %w", s.role, s.name, f.err)
 		// Reported once per distinct error and content, however often it
 		// is retried. pki errors carry the subject and validity at most,
 		// never key material or PEM, so the error is safe to log as is.
-		s.report.Failed(certreport.WithContent(err, certPEM, keyPEM), "controller", c.opts.name,
+		s.report.Failed(certreport.WithContent(err, f.certPEM, f.keyPEM), "controller", c.opts.name,
 			"role", s.role, "keepingLastGood", s.pair != nil)
-		s.badCert, s.badKey, s.badErr = certPEM, keyPEM, err
+		s.badCert, s.badKey, s.badErr = f.certPEM, f.keyPEM, err
 		res.err = err
 		res.retry = errors.Is(err, pki.ErrNotYetValid)
 		return res
@@ -189,24 +263,22 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	// where the old one is, so everything that decided where it is must be
 	// as before: the names it claims, the SANs it is joined by, and its key
 	// algorithm, which decides which certificates it joins and where.
+	pair := f.pair
 	rotated := s.pair != nil
-	extracted := extractNames(pair.Leaf)
-	sans, ipSANs := subjectAltNames(pair.Leaf)
-	if !rotated || !slices.Equal(extracted, s.extracted) || sans != s.sans ||
-		!slices.Equal(ipSANs, s.ipSANs) || keyRank(&pair.TLS) != keyRank(&s.pair.TLS) {
+	if !rotated || !slices.Equal(f.extracted, s.extracted) || f.sans != s.sans ||
+		!slices.Equal(f.ipSANs, s.ipSANs) || keyRank(&pair.TLS) != keyRank(&s.pair.TLS) {
 		s.reindex = true
 	}
-	s.cert, s.key, s.pair = certPEM, keyPEM, pair
-	s.extracted = extracted
-	s.sans, s.ipSANs = sans, ipSANs
+	s.cert, s.key, s.pair = f.certPEM, f.keyPEM, pair
+	s.extracted = f.extracted
+	s.sans, s.ipSANs = f.sans, f.ipSANs
 	s.single = &choice{certs: []*tls.Certificate{&pair.TLS}, owner: s.owner}
-	desc := describe(s.name, s.role, pair.Leaf)
-	s.desc = &desc
+	s.desc = f.desc
 	s.badCert, s.badKey, s.badErr = nil, nil, nil
 	s.report.Succeeded()
 	res.changed = true
 
-	if parsed == nil {
+	if f.parsed == nil {
 		// The controller parsed it, so the controller reports it.
 		names, _ := s.names()
 		s.report.Loaded(pair.Leaf, "controller", c.opts.name, "role", s.role, "names", names)
@@ -214,10 +286,10 @@ func (s *certSlot) refresh(c *DynamicServingCertificateController, now time.Time
 	return res
 }
 
-// load returns the pair to serve for new content: the provider's own parse
-// result, checked against the controller's clock, or the content parsed
-// here.
-func (s *certSlot) load(c *DynamicServingCertificateController, certPEM, keyPEM []byte, parsed *tls.Certificate, now time.Time) (*pki.KeyPair, error) {
+// load returns the pair to serve for new content of the provider named
+// name: the provider's own parse result, checked against the controller's
+// clock, or the content parsed here.
+func (s *certSlot) load(c *DynamicServingCertificateController, name string, certPEM, keyPEM []byte, parsed *tls.Certificate, now time.Time) (*pki.KeyPair, error) {
 	if parsed != nil && parsed.Leaf != nil {
 		if err := pki.CheckValidity(parsed.Leaf, now); err != nil {
 			return nil, err
@@ -225,7 +297,7 @@ func (s *certSlot) load(c *DynamicServingCertificateController, certPEM, keyPEM 
 		return &pki.KeyPair{TLS: *parsed, Leaf: parsed.Leaf}, nil
 	}
 	if c.onParse != nil {
-		c.onParse(s.name)
+		c.onParse(name)
 	}
 	return pki.ParseCertKey(certPEM, keyPEM, now)
 }

@@ -93,8 +93,21 @@ func Register() {
 // when it replaces earlier content, which counts one rotation. The caller
 // reports each change exactly once: there is no de-duplication here.
 func CertificateLoaded(provider string, notAfter time.Time, rotated bool) {
+	CertificateExpiration(provider, notAfter)
+	CertificateChanged(provider, rotated)
+}
+
+// CertificateExpiration sets provider's expiration gauge to notAfter.
+func CertificateExpiration(provider string, notAfter time.Time) {
 	Register()
 	expiration.WithLabelValues(provider).Set(float64(notAfter.Unix()))
+}
+
+// CertificateChanged is CertificateLoaded without the expiration gauge,
+// for a provider label several providers report under, whose expiration
+// only the caller knows (the earliest of theirs).
+func CertificateChanged(provider string, rotated bool) {
+	Register()
 	if rotated {
 		rotations.WithLabelValues(provider).Inc()
 	} else {

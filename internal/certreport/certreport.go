@@ -70,8 +70,12 @@ const maxNote = 1024
 // not usable: create it with New. It is safe for concurrent use.
 type Reporter struct {
 	provider string
-	recorder events.EventRecorder
-	object   runtime.Object
+	// metrics is the provider label of the metrics; aggregated is set when
+	// it is shared with other providers (NewAggregated).
+	metrics    string
+	aggregated bool
+	recorder   events.EventRecorder
+	object     runtime.Object
 
 	// failures tells distinct failures from retries of the last one.
 	failures errlog.Once
@@ -87,7 +91,19 @@ type Reporter struct {
 // and object (the object they are about: the Pod, the Secret the content
 // comes from) are set; either may be nil to send none.
 func New(provider string, recorder events.EventRecorder, object runtime.Object) *Reporter {
-	return &Reporter{provider: provider, recorder: recorder, object: object}
+	return &Reporter{provider: provider, metrics: provider, recorder: recorder, object: object}
+}
+
+// NewAggregated returns a Reporter for provider whose metrics count under
+// the provider label label, shared with other providers, so that many
+// providers cost a few series instead of three each: Loaded and
+// BundleLoaded count rotations (and make the series exist) as for a
+// provider of its own but leave
+// evercert_certificate_expiration_timestamp_seconds to the caller, which
+// knows the NotAfter of them all; Failed counts under label. Log lines and
+// Events name provider, as New's do.
+func NewAggregated(provider, label string, recorder events.EventRecorder, object runtime.Object) *Reporter {
+	return &Reporter{provider: provider, metrics: label, aggregated: true, recorder: recorder, object: object}
 }
 
 // Provider returns the provider name the Reporter reports for.
@@ -104,7 +120,7 @@ func (r *Reporter) Loaded(leaf *x509.Certificate, keysAndValues ...any) {
 	r.loaded = true
 	r.mu.Unlock()
 
-	certmetrics.CertificateLoaded(r.provider, leaf.NotAfter, rotated)
+	r.countLoaded(leaf.NotAfter, rotated)
 	serial := leaf.SerialNumber.Text(16)
 	notAfter := leaf.NotAfter.UTC().Format(time.RFC3339)
 	klog.Background().Info("Loaded certificate", append([]any{"provider", r.provider,
@@ -136,10 +152,20 @@ func (r *Reporter) BundleLoaded(certs []*x509.Certificate, keysAndValues ...any)
 		}
 		subjects[i] = c.Subject.CommonName
 	}
-	certmetrics.CertificateLoaded(r.provider, notAfter, rotated)
+	r.countLoaded(notAfter, rotated)
 	klog.Background().Info("Loaded CA bundle", append([]any{"provider", r.provider,
 		"certificates", len(certs), "subjects", subjects, "notAfter", notAfter.UTC().Format(time.RFC3339),
 		"rotated", rotated}, keysAndValues...)...)
+}
+
+// countLoaded updates the metrics for a load of content expiring at
+// notAfter.
+func (r *Reporter) countLoaded(notAfter time.Time, rotated bool) {
+	if r.aggregated {
+		certmetrics.CertificateChanged(r.metrics, rotated)
+		return
+	}
+	certmetrics.CertificateLoaded(r.metrics, notAfter, rotated)
 }
 
 // Failed records err, which must name the source, as the provider's newest
@@ -154,7 +180,7 @@ func (r *Reporter) Failed(err error, keysAndValues ...any) (distinct bool) {
 	distinct = r.failures.Error(klog.Background(), err, "Rejected new content; the last good content, if any, is still served",
 		append([]any{"provider", r.provider}, keysAndValues...)...)
 	if distinct {
-		certmetrics.LoadError(r.provider)
+		certmetrics.LoadError(r.metrics)
 	}
 	r.mu.Unlock()
 	if !distinct {
