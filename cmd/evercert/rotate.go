@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// rotateReport is what `rotate` prints (-o json: this structure).
+type rotateReport struct {
+	Secret string `json:"secret"`
+	// Annotations are the ones this command set.
+	Annotations map[string]string `json:"annotations"`
+	// Waited is whether --wait was given; Handled whether the Authority
+	// recorded that it acted (only known with --wait).
+	Waited  bool `json:"waited"`
+	Handled bool `json:"handled"`
+}
+
+// Backoff of the --wait poll: it reads one Secret, so a few seconds apart
+// at most is both prompt and cheap.
+const (
+	waitPollInitial = 250 * time.Millisecond
+	waitPollCap     = 5 * time.Second
+)
+
+func runRotate(prog string, args []string, stdout io.Writer) error {
+	var common commonFlags
+	var compromised, wait bool
+	var reason, fingerprint string
+	timeout := 2 * time.Minute
+	fs := newFlagSet(prog, "rotate", "<ca-secret> [--compromised --reason TEXT [--ca FINGERPRINT]] [--wait [--timeout 2m]]", &common)
+	fs.BoolVar(&compromised, "compromised", false, "the CA is compromised: rotate at once and stop trusting it as soon as no live replica serves a leaf from it (requires --reason)")
+	fs.StringVar(&reason, "reason", "", "why the CA is compromised, recorded on the Secret (required with --compromised)")
+	fs.StringVar(&fingerprint, "ca", "", "the fingerprint of the compromised CA (default the signing CA in tls.crt)")
+	fs.BoolVar(&wait, "wait", false, "wait until the Authority records that it acted on the request")
+	fs.DurationVar(&timeout, "timeout", timeout, "how long the command may take, --wait included")
+	pos, err := parse(fs, &common, args, 1)
+	if err != nil {
+		return err
+	}
+	if compromised && strings.TrimSpace(reason) == "" {
+		return usagef("--compromised requires a non-empty --reason")
+	}
+	if !compromised && (fs.Changed("reason") || fs.Changed("ca")) {
+		return usagef("--reason and --ca go with --compromised")
+	}
+	if timeout <= 0 {
+		return usagef("--timeout %v must be positive", timeout)
+	}
+	k, err := common.connect()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	name := pos[0]
+	rep := &rotateReport{Secret: k.namespace + "/" + name, Waited: wait}
+	now := time.Now().UTC().Format(time.RFC3339)
+
+	var requestKey, handledKey, want string
+	secrets := k.client.CoreV1().Secrets(k.namespace)
+	// A conflict means another writer (a replica) changed the Secret
+	// between the read and the write: read again and re-apply.
+	err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading the CA Secret %s: %w", rep.Secret, err)
+		}
+		set := map[string]string{}
+		if compromised {
+			fp, err := compromisedCA(s, fingerprint)
+			if err != nil {
+				return err
+			}
+			if prev := s.Annotations[dynamiccert.CompromisedCAAnnotation]; prev != "" && prev != fp &&
+				s.Annotations[dynamiccert.CompromisedHandledAnnotation] != prev {
+				return usagef("the Secret %s already marks CA %s compromised and the Authority has not finished with it (%s is not %s yet); wait for that first",
+					rep.Secret, prev, dynamiccert.CompromisedHandledAnnotation, prev)
+			}
+			set[dynamiccert.CompromisedCAAnnotation] = fp
+			set[dynamiccert.CompromisedReasonAnnotation] = reason
+			set[dynamiccert.CompromisedAtAnnotation] = now
+			requestKey, handledKey, want = dynamiccert.CompromisedCAAnnotation, dynamiccert.CompromisedHandledAnnotation, fp
+		} else {
+			set[dynamiccert.RotateRequestedAnnotation] = now
+			requestKey, handledKey, want = dynamiccert.RotateRequestedAnnotation, dynamiccert.RotateHandledAnnotation, now
+		}
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		for k, v := range set {
+			s.Annotations[k] = v
+		}
+		if _, err := secrets.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		rep.Annotations = set
+		return nil
+	})
+	if err != nil {
+		var ce *codedError
+		if !errors.As(err, &ce) && !strings.Contains(err.Error(), rep.Secret) {
+			err = fmt.Errorf("updating the CA Secret %s: %w", rep.Secret, err)
+		}
+		return err
+	}
+	if wait {
+		if err := k.waitHandled(ctx, name, handledKey, want, timeout); err != nil {
+			return err
+		}
+		rep.Handled = true
+	}
+	if common.output == "json" {
+		return printJSON(stdout, rep)
+	}
+	what := "observed rotation requested"
+	if compromised {
+		what = fmt.Sprintf("CA %s marked compromised", want)
+	}
+	fmt.Fprintf(stdout, "%s: %s (%s=%s)\n", rep.Secret, what, requestKey, want)
+	if wait {
+		fmt.Fprintf(stdout, "%s: the Authority acted on it (%s=%s)\n", rep.Secret, handledKey, want)
+	} else {
+		fmt.Fprintf(stdout, "follow it with: status %s (or rotate --wait)\n", name)
+	}
+	return nil
+}
+
+// compromisedCA returns the fingerprint to mark compromised: the one asked
+// for, which must be a CA the Secret holds, or else the signing CA's.
+func compromisedCA(s *corev1.Secret, asked string) (string, error) {
+	var cas []*x509.Certificate
+	for _, key := range []string{corev1.TLSCertKey, dynamiccert.AuthorityNextCertKey} {
+		if c := parseCertPEM(s.Data[key]); c != nil {
+			cas = append(cas, c)
+		}
+	}
+	if b := s.Data[dynamiccert.SecretCAKey]; len(b) > 0 {
+		if bundle, err := pki.ParseCABundle(b); err == nil {
+			cas = append(cas, bundle...)
+		}
+	}
+	if asked == "" {
+		signing := parseCertPEM(s.Data[corev1.TLSCertKey])
+		if signing == nil {
+			return "", fmt.Errorf("the CA Secret %s/%s holds no signing CA in %s; name the CA with --ca", s.Namespace, s.Name, corev1.TLSCertKey)
+		}
+		return dynamiccert.Fingerprint(signing), nil
+	}
+	asked = strings.ToLower(strings.TrimSpace(asked))
+	var known []string
+	for _, c := range cas {
+		fp := dynamiccert.Fingerprint(c)
+		if fp == asked {
+			return fp, nil
+		}
+		known = append(known, fp)
+	}
+	return "", usagef("--ca %s: the CA Secret %s/%s holds no CA with that fingerprint (it holds %s)", asked, s.Namespace, s.Name, strings.Join(known, ", "))
+}
+
+// waitHandled polls the Secret, backing off with jitter up to
+// waitPollCap, until the annotation key equals want or ctx ends.
+func (k *kube) waitHandled(ctx context.Context, name, key, want string, timeout time.Duration) error {
+	var last string
+	ok := backoff.Retry(ctx, clock.RealClock{}, waitPollInitial, waitPollCap, func(ctx context.Context) error {
+		s, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if last = s.Annotations[key]; last != want {
+			return errors.New("not handled yet")
+		}
+		return nil
+	}, nil)
+	if !ok {
+		seen := "not set"
+		if last != "" {
+			seen = fmt.Sprintf("%q", last)
+		}
+		return fmt.Errorf("timed out after %v waiting for the Authority to act: %s on Secret %s/%s is %s, want %q (is an Authority running for this Secret, and can it update it?)",
+			timeout, key, k.namespace, name, seen, want)
+	}
+	return nil
+}
