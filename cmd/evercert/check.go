@@ -87,7 +87,7 @@ func runCheck(prog string, args []string, stdout io.Writer) error {
 			return fmt.Errorf("--ca-file: %w", err)
 		}
 		rep.Against = "file " + caFile
-		fields = []field{{path: caFile, bundle: data}}
+		fields = []field{{path: "the file", bundle: data}}
 	case webhook != "":
 		rep.Against = wh.String()
 		if fields, err = k.bundles(ctx, wh); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -168,7 +169,9 @@ func compromisedCA(s *corev1.Secret, asked string) (string, error) {
 		if fp == asked {
 			return fp, nil
 		}
-		known = append(known, fp)
+		if !slices.Contains(known, fp) {
+			known = append(known, fp)
+		}
 	}
 	return "", usagef("--ca %s: the CA Secret %s/%s holds no CA with that fingerprint (it holds %s)", asked, s.Namespace, s.Name, strings.Join(known, ", "))
 }

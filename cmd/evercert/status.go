@@ -176,7 +176,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, now ti
 		fields, err := k.bundles(ctx, t)
 		switch {
 		case errors.Is(err, errTargetNotFound):
-			tr.Error = err.Error()
+			tr.Error = errTargetNotFound.Error()
 		case err != nil:
 			return nil, err
 		case len(fields) == 0:

@@ -1,0 +1,415 @@
+//go:build e2e
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/testcluster"
+	"github.com/evercert/evercert/internal/tlstest"
+	"github.com/evercert/evercert/sni"
+)
+
+// The CLI against a real kube-apiserver and etcd (internal/testcluster),
+// run as the built binary in a child process, as operators run it. make
+// test-cli runs these and fails unless each printed --- PASS.
+
+const cliNS = "evercert-cli"
+
+// cliCluster starts a cluster with the test namespace and returns an admin
+// client and a kubeconfig file whose context's namespace is cliNS.
+func cliCluster(t *testing.T) (kubernetes.Interface, string) {
+	t.Helper()
+	cluster := testcluster.Start(t)
+	admin := kubernetes.NewForConfigOrDie(cluster.Config())
+	_, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cliNS}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return admin, writeKubeconfig(t, cluster.Config())
+}
+
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["cli"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, TLSServerName: cfg.ServerName}
+	kc.AuthInfos["cli"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["cli"] = &clientcmdapi.Context{Cluster: "cli", AuthInfo: "cli", Namespace: cliNS}
+	kc.CurrentContext = "cli"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*kc, path))
+	return path
+}
+
+// runners runs controllers until the test ends.
+type runners struct {
+	ctx context.Context
+	wg  sync.WaitGroup
+}
+
+func newRunners(t *testing.T) *runners {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runners{ctx: ctx}
+	t.Cleanup(func() { cancel(); r.wg.Wait() })
+	return r
+}
+
+func (r *runners) run(c interface{ Run(context.Context, int) }) { r.wg.Go(func() { c.Run(r.ctx, 1) }) }
+
+// startReplica starts one Authority replica of secret, announcing itself
+// in its Lease.
+func startReplica(t *testing.T, r *runners, client kubernetes.Interface, secret, id string) *dynamiccert.Authority {
+	t.Helper()
+	a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		Namespace: cliNS, SecretName: secret, Client: client, Hosts: []string{"webhook.test"}, ReplicaID: id,
+	})
+	require.NoError(t, err)
+	require.NoError(t, a.RunOnce(r.ctx))
+	r.run(a)
+	return a
+}
+
+// inertValidatingWebhook matches no request (a made-up group) and has no
+// caBundle yet.
+func inertValidatingWebhook(name string) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	none := admissionregistrationv1.SideEffectClassNone
+	ignore := admissionregistrationv1.Ignore
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "inert.evercert.test",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: cliNS, Name: "inert"}},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{"inert.evercert.test"}, APIVersions: []string{"v1"}, Resources: []string{"inert"}}}},
+			SideEffects:             &none,
+			FailurePolicy:           &ignore,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+}
+
+// publish creates the ValidatingWebhookConfiguration name and runs a
+// cabundle publisher of source into it until the test ends; it returns
+// once the bundle is there.
+func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Config, source *dynamiccert.Authority, name string) {
+	t.Helper()
+	vwcs := admin.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	_, err := vwcs.Create(r.ctx, inertValidatingWebhook(name), metav1.CreateOptions{})
+	require.NoError(t, err)
+	p, err := cabundle.NewPublisher(cabundle.PublisherConfig{
+		Name: name, Source: source, KubeConfig: cfg,
+		Targets: []cabundle.Target{{Kind: cabundle.ValidatingWebhookConfiguration, Name: name}},
+	})
+	require.NoError(t, err)
+	r.run(p)
+	require.Eventually(t, func() bool {
+		o, err := vwcs.Get(r.ctx, name, metav1.GetOptions{})
+		return err == nil && len(o.Webhooks[0].ClientConfig.CABundle) > 0
+	}, time.Minute, 50*time.Millisecond, "the publisher wrote the caBundle of %s", name)
+}
+
+// waitLeases waits until the Leases of secret announce the given leaves.
+func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replicas ...*dynamiccert.Authority) {
+	t.Helper()
+	sel := labels.SelectorFromSet(labels.Set{dynamiccert.AuthorityLeaseLabel: secret}).String()
+	require.Eventually(t, func() bool {
+		list, err := admin.CoordinationV1().Leases(cliNS).List(context.Background(), metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return false
+		}
+		announced := map[string]bool{}
+		for _, l := range list.Items {
+			announced[l.Annotations[dynamiccert.AuthorityLeafSerialAnnotation]] = true
+		}
+		for _, a := range replicas {
+			if !announced[a.Leaf().SerialNumber.Text(16)] {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 50*time.Millisecond, "every replica's Lease announces its leaf")
+}
+
+func secretCA(t *testing.T, admin kubernetes.Interface, name string) *corev1.Secret {
+	t.Helper()
+	s, err := admin.CoreV1().Secrets(cliNS).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	return s
+}
+
+// TestCLIStatus: two Authority replicas and a published
+// ValidatingWebhookConfiguration. status reports the signing CA, both
+// replicas live serving leaves of it, and the webhook verifying both
+// (exit 0), in text and JSON; a webhook whose caBundle is empty fails
+// (exit 3), and so does a missing one. Then a successor is published in
+// the Secret: status names it and both replicas as pending observers (the
+// minimum propagation delay keeps them from trusting it).
+func TestCLIStatus(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	const secret = "status-ca"
+	a := startReplica(t, r, admin, secret, "replica-a")
+	b := startReplica(t, r, admin, secret, "replica-b")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	publish(t, r, admin, cfg, a, "status-webhook")
+	_, err = admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(r.ctx, inertValidatingWebhook("unpublished"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	waitLeases(t, admin, secret, a, b)
+	signing := a.Status().Signing.Fingerprint
+
+	env := []string{"KUBECONFIG=" + kubeconfig}
+	code, out := cli(t, env, "status", secret, "--webhook", "validating/status-webhook", "-o", "json")
+	require.Equal(t, exitOK, code, "status of a healthy Authority")
+	var rep statusReport
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep), "status -o json")
+	require.NotNil(t, rep.Signing)
+	assert.Equal(t, signing, rep.Signing.Fingerprint, "the signing CA")
+	assert.Nil(t, rep.Successor)
+	assert.True(t, rep.Healthy)
+	require.Len(t, rep.Replicas, 2)
+	for i, want := range []*dynamiccert.Authority{a, b} {
+		got := rep.Replicas[i]
+		assert.Equal(t, want.ReplicaID(), got.ID)
+		assert.True(t, got.Live, "%s is live", got.ID)
+		assert.Equal(t, want.Leaf().SerialNumber.Text(16), got.LeafSerial, "%s's served leaf", got.ID)
+		assert.Equal(t, signing, got.LeafCA, "%s's leaf is signed by the signing CA", got.ID)
+		assert.Contains(t, got.TrustedCAs, signing)
+	}
+	require.Len(t, rep.Targets, 1)
+	assert.True(t, rep.Targets[0].Verifies, "the published webhook verifies both replicas")
+	assert.Len(t, rep.Targets[0].Replicas, 2)
+
+	// Text, from the context's namespace (no -n) and --kubeconfig.
+	code, out = cli(t, nil, "status", secret, "--kubeconfig", kubeconfig, "--webhook", "validating/status-webhook")
+	require.Equal(t, exitOK, code)
+	for _, want := range []string{"Signing CA:", signing, "replica-a", "replica-b", "judged on this machine's clock",
+		"validating/status-webhook", "verifies every live replica's leaf", "Healthy."} {
+		assert.Contains(t, out, want)
+	}
+
+	code, out = cli(t, env, "status", secret, "--webhook", "validating/unpublished", "--webhook", "validating/missing")
+	assert.Equal(t, exitFailed, code, "a webhook without the CA, and a missing one")
+	assert.Contains(t, out, "DOES NOT verify every live replica's leaf")
+	assert.Contains(t, out, "the CA bundle is empty")
+	assert.Contains(t, out, "validating/missing: not found")
+
+	code, out = cli(t, env, "status", "no-such-secret")
+	assert.Equal(t, exitError, code, "a missing Secret is an API error")
+	assert.Contains(t, out, "reading the CA Secret "+cliNS+"/no-such-secret")
+
+	// A successor published in the Secret, as the Authority publishes
+	// one: in next.crt/next.key and ca.crt, with its publication time.
+	next, err := pki.NewCA(pki.Request{CommonName: "successor", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	published := time.Now().UTC().Truncate(time.Second)
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s := secretCA(t, admin, secret)
+		s.Data[dynamiccert.AuthorityNextCertKey], s.Data[dynamiccert.AuthorityNextKeyKey] = next.CertPEM, next.KeyPEM
+		s.Data[dynamiccert.SecretCAKey] = append(append([]byte{}, s.Data[dynamiccert.SecretCAKey]...), next.CertPEM...)
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[dynamiccert.AuthorityNextSinceAnnotation] = published.Format(time.RFC3339)
+		_, err := admin.CoreV1().Secrets(cliNS).Update(r.ctx, s, metav1.UpdateOptions{})
+		return err
+	}))
+	code, out = cli(t, env, "status", secret, "-o", "json")
+	require.Equal(t, exitOK, code)
+	rep = statusReport{}
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	require.NotNil(t, rep.Successor, "the successor")
+	assert.Equal(t, dynamiccert.Fingerprint(next.Cert), rep.Successor.Fingerprint)
+	require.NotNil(t, rep.Successor.PublishedAt)
+	assert.True(t, published.Equal(*rep.Successor.PublishedAt), "published at %v, want %v", rep.Successor.PublishedAt, published)
+	assert.ElementsMatch(t, []string{"replica-a", "replica-b"}, rep.Successor.PendingObservers,
+		"both live replicas are still inside the minimum propagation delay")
+	assert.Len(t, rep.Bundle, 2)
+}
+
+// TestCLIRotate: rotate sets evercert.io/rotate-requested (RFC 3339) on
+// the Secret; --wait without an Authority acting times out with exit 1
+// and says what it waited for; --wait returns once the annotation
+// rotate-handled is set to the request (set here by the test, standing in
+// for the Authority). rotate --compromised marks the signing CA by
+// default, with the reason and time; without --reason it is a usage error
+// (exit 2) and so is a fingerprint the Secret does not hold; neither
+// changes the Secret.
+func TestCLIRotate(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	const secret = "rotate-ca"
+	ca, err := pki.NewCA(pki.Request{CommonName: "rotate-ca", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	old, err := pki.NewCA(pki.Request{CommonName: "rotate-old", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	_, err = admin.CoreV1().Secrets(cliNS).Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret},
+		Type:       corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM,
+			dynamiccert.SecretCAKey: append(append([]byte{}, old.CertPEM...), ca.CertPEM...)},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	env := []string{"KUBECONFIG=" + kubeconfig}
+
+	before := time.Now().Truncate(time.Second)
+	code, out := cli(t, env, "rotate", secret, "-n", cliNS)
+	require.Equal(t, exitOK, code, "rotate")
+	requested := secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation]
+	at, err := time.Parse(time.RFC3339, requested)
+	require.NoError(t, err, "%s is RFC 3339", dynamiccert.RotateRequestedAnnotation)
+	assert.False(t, at.Before(before), "requested at %v, the command ran after %v", at, before)
+	assert.Contains(t, out, dynamiccert.RotateRequestedAnnotation+"="+requested)
+
+	// No Authority runs here: --wait gives up at --timeout, exit 1.
+	code, out = cli(t, env, "rotate", secret, "--wait", "--timeout", "3s")
+	assert.Equal(t, exitError, code, "rotate --wait with nothing acting on it")
+	assert.Contains(t, out, "timed out after 3s waiting for the Authority to act: "+dynamiccert.RotateHandledAnnotation)
+	assert.NotEmpty(t, secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation], "the request stays set")
+
+	// Something acting on the request (standing in for the Authority)
+	// ends the wait.
+	stop := make(chan struct{})
+	handled := make(chan struct{})
+	go func() {
+		defer close(handled)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				s, err := admin.CoreV1().Secrets(cliNS).Get(context.Background(), secret, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				want := s.Annotations[dynamiccert.RotateRequestedAnnotation]
+				if s.Annotations[dynamiccert.RotateHandledAnnotation] == want {
+					return nil
+				}
+				s.Annotations[dynamiccert.RotateHandledAnnotation] = want
+				_, err = admin.CoreV1().Secrets(cliNS).Update(context.Background(), s, metav1.UpdateOptions{})
+				return err
+			})
+		}
+	}()
+	code, out = cli(t, env, "rotate", secret, "--wait", "-o", "json")
+	close(stop)
+	<-handled
+	require.Equal(t, exitOK, code, "rotate --wait with the request acted on")
+	var rep rotateReport
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	assert.True(t, rep.Handled)
+	assert.Equal(t, secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation], rep.Annotations[dynamiccert.RotateRequestedAnnotation])
+
+	// --compromised: usage errors change nothing.
+	rv := secretCA(t, admin, secret).ResourceVersion
+	code, out = cli(t, env, "rotate", secret, "--compromised")
+	assert.Equal(t, exitUsage, code, "--compromised without --reason")
+	assert.Contains(t, out, "--compromised requires a non-empty --reason")
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "leaked", "--ca", "00112233445566778899aabbccddeeff")
+	assert.Equal(t, exitUsage, code, "--ca not in the Secret")
+	assert.Contains(t, out, "holds no CA with that fingerprint")
+	assert.Contains(t, out, dynamiccert.Fingerprint(ca.Cert), "the message lists the CAs the Secret holds")
+	assert.Equal(t, rv, secretCA(t, admin, secret).ResourceVersion, "refused requests do not write the Secret")
+
+	code, _ = cli(t, env, "rotate", secret, "--compromised", "--reason", "key found in a public bucket")
+	require.Equal(t, exitOK, code, "rotate --compromised")
+	ann := secretCA(t, admin, secret).Annotations
+	assert.Equal(t, dynamiccert.Fingerprint(ca.Cert), ann[dynamiccert.CompromisedCAAnnotation], "the signing CA by default")
+	assert.Equal(t, "key found in a public bucket", ann[dynamiccert.CompromisedReasonAnnotation])
+	_, err = time.Parse(time.RFC3339, ann[dynamiccert.CompromisedAtAnnotation])
+	assert.NoError(t, err, "%s is RFC 3339", dynamiccert.CompromisedAtAnnotation)
+
+	// Another CA marked while the first is not handled yet is refused;
+	// the same one again (an operator repeating it) is not.
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "also", "--ca", dynamiccert.Fingerprint(old.Cert))
+	assert.Equal(t, exitUsage, code, "a second compromised CA while the first is pending")
+	assert.Contains(t, out, "already marks CA "+dynamiccert.Fingerprint(ca.Cert)+" compromised")
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "again", "--wait", "--timeout", "2s")
+	assert.Equal(t, exitError, code, "--compromised --wait with nothing acting on it")
+	assert.Contains(t, out, dynamiccert.CompromisedHandledAnnotation)
+}
+
+// TestCLICheck: a real TLS server on 127.0.0.1 serving an Authority's leaf
+// (through the sni controller, as a webhook does). check verifies it
+// against the published webhook's caBundle and against ca.crt in a file,
+// naming the CA and the replica that answered (exit 0); against a CA that
+// did not sign it, it fails with exit 3; an address with nothing listening
+// is exit 1.
+func TestCLICheck(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	const secret = "check-ca"
+	a := startReplica(t, r, admin, secret, "replica-check")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	publish(t, r, admin, cfg, a, "check-webhook")
+	waitLeases(t, admin, secret, a)
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: a})
+	require.NoError(t, err)
+	r.run(ctrl)
+	require.Eventually(t, ctrl.HasSynced, 30*time.Second, 10*time.Millisecond)
+	addr := tlstest.Server(t, ctrl.TLSConfig())
+	signing := parseCertPEM(secretCA(t, admin, secret).Data[corev1.TLSCertKey])
+	require.NotNil(t, signing, "the signing CA in tls.crt")
+	env := []string{"KUBECONFIG=" + kubeconfig}
+
+	code, out := cli(t, env, "check", addr, "--webhook", "validating/check-webhook", "--server-name", "webhook.test", "--authority", secret)
+	require.Equal(t, exitOK, code, "check against the published caBundle")
+	assert.Contains(t, out, "Verified against validating/check-webhook by CA "+signing.Subject.String()+" (fingerprint "+dynamiccert.Fingerprint(signing)+")")
+	assert.Contains(t, out, "Answered by replica replica-check of "+secret)
+
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(caFile, secretCA(t, admin, secret).Data[dynamiccert.SecretCAKey], 0o600))
+	code, out = cli(t, env, "check", addr, "--ca-file", caFile, "--authority", secret, "-o", "json")
+	require.Equal(t, exitOK, code, "check against ca.crt in a file")
+	var rep checkReport
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	assert.True(t, rep.Verified)
+	require.NotNil(t, rep.CA)
+	assert.Equal(t, dynamiccert.Fingerprint(signing), rep.CA.Fingerprint)
+	assert.Equal(t, "replica-check", rep.Replica)
+	assert.Equal(t, a.Leaf().SerialNumber.Text(16), rep.Leaf.Serial)
+
+	// A bundle that does not verify: another CA.
+	other, err := pki.NewCA(pki.Request{CommonName: "other", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	otherFile := filepath.Join(t.TempDir(), "other.crt")
+	require.NoError(t, os.WriteFile(otherFile, other.CertPEM, 0o600))
+	code, out = cli(t, env, "check", addr, "--ca-file", otherFile)
+	assert.Equal(t, exitFailed, code, "check against a CA that did not sign the leaf")
+	assert.Contains(t, out, "NOT verified against file "+otherFile)
+	assert.Contains(t, out, "certificate signed by unknown authority")
+
+	// The right CA but the wrong name.
+	code, out = cli(t, env, "check", addr, "--ca-file", caFile, "--server-name", "other.test")
+	assert.Equal(t, exitFailed, code, "check for a name the leaf does not hold")
+	assert.Contains(t, out, "other.test")
+
+	// Nothing listening: a network error, exit 1.
+	code, out = cli(t, env, "check", "127.0.0.1:1", "--ca-file", caFile)
+	assert.Equal(t, exitError, code, "check of a closed port")
+	assert.Contains(t, out, "TLS handshake with 127.0.0.1:1")
+}
