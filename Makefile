@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e test-cli soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -17,9 +17,9 @@ build:
 
 ## test: everything CI runs (unit with -race, the allocation checks, end-to-end
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
-## rules, the recipes (controller-runtime, gRPC), the nested modules
+## rules, the recipes (controller-runtime, gRPC), the CLI, the nested modules
 ## (controllerruntime, migrations, deploy manifests and images).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-e2e soak-short
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-cli test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
@@ -146,6 +146,19 @@ test-operator-e2e: kube-bin
 	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
 	@for t in $(OPERATOR_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
 	@grep -E '^--- |lines of certificate wiring|API requests of|CA rotations in|SIGKILLed|restarted and ready' $(CURDIR)/tmp/operator-e2e.log
+
+## test-cli: the operators' CLI (cmd/evercert, build tag e2e) run as a
+## child process against a real kube-apiserver and etcd from hack/tools/bin:
+## status with two Authority replicas and a published webhook (text and
+## JSON), rotate and rotate --compromised (the annotations, --wait, usage
+## errors), check against a TLS server on 127.0.0.1 (exit 0 and 3). Fails if
+## any named test did not pass.
+CLI_TESTS := TestCLIStatus TestCLIRotate TestCLICheck
+test-cli: kube-bin
+	@mkdir -p $(CURDIR)/tmp
+	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 10m -run '^TestCLI' ./cmd/evercert/ > $(CURDIR)/tmp/cli.log 2>&1 || { cat $(CURDIR)/tmp/cli.log; exit 1; }
+	@for t in $(CLI_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/cli.log || { echo "test-cli: $$t did not pass"; cat $(CURDIR)/tmp/cli.log; exit 1; }; done
+	@grep -E '^(--- |ok )' $(CURDIR)/tmp/cli.log
 
 ## soak-short: the soak tests in their short form (part of make test): one
 ## simulated year, one cycle of every fault scenario, 15 s on the real clock.
