@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -355,7 +356,8 @@ func TestCLIRotate(t *testing.T) {
 // TestCLICheck: a real TLS server on 127.0.0.1 serving an Authority's leaf
 // (through the sni controller, as a webhook does). check verifies it
 // against the published webhook's caBundle and against ca.crt in a file,
-// naming the CA and the replica that answered (exit 0); against a CA that
+// naming the CA and the replica that answered (exit 0), and against a
+// ClusterTrustBundle holding ca.crt; against a CA that
 // did not sign it, it fails with exit 3; an address with nothing listening
 // is exit 1.
 func TestCLICheck(t *testing.T) {
@@ -392,6 +394,16 @@ func TestCLICheck(t *testing.T) {
 	assert.Equal(t, dynamiccert.Fingerprint(signing), rep.CA.Fingerprint)
 	assert.Equal(t, "replica-check", rep.Replica)
 	assert.Equal(t, a.Leaf().SerialNumber.Text(16), rep.Leaf.Serial)
+
+	// A ClusterTrustBundle holding ca.crt.
+	_, err = admin.CertificatesV1().ClusterTrustBundles().Create(r.ctx, &certificatesv1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: "check-ctb"},
+		Spec:       certificatesv1.ClusterTrustBundleSpec{TrustBundle: string(secretCA(t, admin, secret).Data[dynamiccert.SecretCAKey])},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	code, out = cli(t, env, "check", addr, "--cluster-trust-bundle", "check-ctb", "--server-name", "webhook.test")
+	require.Equal(t, exitOK, code, "check against a ClusterTrustBundle")
+	assert.Contains(t, out, "Verified against clustertrustbundle/check-ctb by CA "+signing.Subject.String())
 
 	// A bundle that does not verify: another CA.
 	other, err := pki.NewCA(pki.Request{CommonName: "other", Now: time.Now(), Lifetime: 24 * time.Hour})

@@ -180,9 +180,10 @@ func compromisedCA(s *corev1.Secret, asked string) (string, error) {
 // waitPollCap, until the annotation key equals want or ctx ends.
 func (k *kube) waitHandled(ctx context.Context, name, key, want string, timeout time.Duration) error {
 	var last string
+	var lastErr error
 	ok := backoff.Retry(ctx, clock.RealClock{}, waitPollInitial, waitPollCap, func(ctx context.Context) error {
 		s, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
+		if lastErr = err; err != nil {
 			return err
 		}
 		if last = s.Annotations[key]; last != want {
@@ -194,6 +195,11 @@ func (k *kube) waitHandled(ctx context.Context, name, key, want string, timeout 
 		seen := "not set"
 		if last != "" {
 			seen = fmt.Sprintf("%q", last)
+		}
+		// A read cut short by the deadline itself says nothing; any other
+		// failure is why the wait could not tell.
+		if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, context.Canceled) {
+			seen = fmt.Sprintf("unknown (the last read failed: %v)", lastErr)
 		}
 		return fmt.Errorf("timed out after %v waiting for the Authority to act: %s on Secret %s/%s is %s, want %q (is an Authority running for this Secret, and can it update it?)",
 			timeout, key, k.namespace, name, seen, want)
