@@ -1,0 +1,235 @@
+package dynamiccert
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// CAKeySource keeps an Authority's CA private keys outside its CA Secret,
+// e.g. in a hardware security module (package
+// github.com/evercert/evercert/pkcs11 is a PKCS#11 one). The Secret then
+// holds the CA certificates and, in AuthorityKeyRefKey and
+// AuthorityNextKeyRefKey, a reference to each key, never the key itself.
+// Replicas sharing the key store find a key by its reference.
+//
+// Implementations must be safe for concurrent use. They need not bound
+// their calls in time: the Authority does (AuthorityConfig.CAKeyTimeout).
+// Closing the store is the implementation's business.
+type CAKeySource interface {
+	// Name names the key store (e.g. its token or slot) in errors, logs
+	// and Events. It must not contain secrets.
+	Name() string
+	// NewKey makes a new CA key of type kt and returns it with a reference
+	// that finds it again on every replica sharing the store. The
+	// reference is stored in the CA Secret: it must be printable and must
+	// not be a secret.
+	NewKey(ctx context.Context, kt KeyType) (key crypto.Signer, ref string, err error)
+	// FindKey returns the key NewKey returned ref for. A key that is gone
+	// is an error, naming the store and the reference.
+	FindKey(ctx context.Context, ref string) (crypto.Signer, error)
+}
+
+// DefaultCAKeyTimeout bounds every call to a CAKeySource and every
+// signature with one of its keys (AuthorityConfig.CAKeyTimeout).
+const DefaultCAKeyTimeout = 10 * time.Second
+
+// caKeys is an Authority's CAKeySource, with every call and signature
+// bounded by timeout on clock, and the keys found by reference cached.
+type caKeys struct {
+	src     CAKeySource
+	timeout time.Duration
+	clock   clock.Clock
+
+	mu    sync.Mutex
+	found map[string]crypto.Signer // by reference, bounded
+}
+
+func newCAKeys(src CAKeySource, timeout time.Duration, clk clock.Clock) *caKeys {
+	if src == nil {
+		return nil
+	}
+	return &caKeys{src: src, timeout: timeout, clock: clk, found: map[string]crypto.Signer{}}
+}
+
+// newKey makes a CA key of type kt in the store.
+func (k *caKeys) newKey(kt pki.KeyType) (crypto.Signer, string, error) {
+	var ref string
+	key, err := bounded(k, "making a CA key", func(ctx context.Context) (crypto.Signer, error) {
+		key, r, err := k.src.NewKey(ctx, KeyType(kt))
+		ref = r
+		return key, err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if ref == "" {
+		return nil, "", fmt.Errorf("CA key source %s: making a CA key: empty key reference", k.src.Name())
+	}
+	s := k.wrap(key, ref)
+	k.mu.Lock()
+	k.found[ref] = s
+	k.mu.Unlock()
+	return s, ref, nil
+}
+
+// find returns the key ref names, from the cache or the store.
+func (k *caKeys) find(ref string) (crypto.Signer, error) {
+	k.mu.Lock()
+	s, ok := k.found[ref]
+	k.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	key, err := bounded(k, fmt.Sprintf("finding CA key %q", ref), func(ctx context.Context) (crypto.Signer, error) {
+		return k.src.FindKey(ctx, ref)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s = k.wrap(key, ref)
+	k.mu.Lock()
+	k.found[ref] = s
+	k.mu.Unlock()
+	return s, nil
+}
+
+// keep forgets the cached keys whose reference is not in refs: CAs that
+// left the Secret.
+func (k *caKeys) keep(refs ...string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for ref := range k.found {
+		keep := false
+		for _, r := range refs {
+			keep = keep || r == ref
+		}
+		if !keep {
+			delete(k.found, ref)
+		}
+	}
+}
+
+// forget drops ref from the cache after a signature failed, so the next
+// attempt looks the key up again and says whether it is still there.
+func (k *caKeys) forget(ref string) {
+	k.mu.Lock()
+	delete(k.found, ref)
+	k.mu.Unlock()
+}
+
+func (k *caKeys) wrap(key crypto.Signer, ref string) crypto.Signer {
+	if key == nil {
+		return nil
+	}
+	return &boundedSigner{keys: k, key: key, ref: ref}
+}
+
+// errCAKeyTimeout is wrapped by the error of a key store call or signature
+// that did not return within the timeout.
+var errCAKeyTimeout = errors.New("key store did not answer")
+
+// bounded runs fn, waiting at most k.timeout on k.clock. An fn that hangs
+// (an HSM that stopped answering) keeps its goroutine until it returns;
+// the context passed to fn is cancelled then, for stores that honour it.
+func bounded[T any](k *caKeys, what string, fn func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1) // the goroutine never blocks on it
+	go func() {
+		v, err := fn(ctx)
+		done <- result{v, err}
+	}()
+	t := k.clock.NewTimer(k.timeout)
+	defer t.Stop()
+	var zero T
+	select {
+	case r := <-done:
+		cancel()
+		if r.err != nil {
+			return zero, fmt.Errorf("CA key source %s: %s: %w", k.src.Name(), what, r.err)
+		}
+		return r.v, nil
+	case <-t.C():
+		cancel()
+		return zero, fmt.Errorf("CA key source %s: %s: %w within %v", k.src.Name(), what, errCAKeyTimeout, k.timeout)
+	}
+}
+
+// boundedSigner signs with a key of a CAKeySource, bounded in time. While
+// one signature hangs, the next fails at once instead of piling up
+// goroutines on a key store that does not answer.
+type boundedSigner struct {
+	keys *caKeys
+	key  crypto.Signer
+	ref  string
+	busy atomic.Bool
+}
+
+func (s *boundedSigner) Public() crypto.PublicKey { return s.key.Public() }
+
+func (s *boundedSigner) Sign(rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if !s.busy.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("CA key source %s: signing with CA key %q: %w: a previous signature has not returned", s.keys.src.Name(), s.ref, errCAKeyTimeout)
+	}
+	sig, err := bounded(s.keys, fmt.Sprintf("signing with CA key %q", s.ref), func(context.Context) ([]byte, error) {
+		defer s.busy.Store(false)
+		return s.key.Sign(rand, digest, opts)
+	})
+	if err != nil {
+		s.keys.forget(s.ref)
+	}
+	return sig, err
+}
+
+// resolveKeys finds the keys of the CAs in st that the Secret holds only by
+// reference, and refuses a reference this Authority cannot follow. secret
+// names the Secret in errors.
+func (k *caKeys) resolveKeys(st *caSet) error {
+	for _, c := range []struct {
+		ca  *pki.Issued
+		key string
+	}{{st.signing, AuthorityKeyRefKey}, {st.next, AuthorityNextKeyRefKey}} {
+		if c.ca == nil || c.ca.KeyRef == "" || c.ca.Key != nil {
+			continue
+		}
+		if k == nil {
+			return fmt.Errorf("%s holds a reference to a CA key in a key store (%q), but this Authority has no CAKeys configured: configure the key store that holds it", c.key, c.ca.KeyRef)
+		}
+		key, err := k.find(c.ca.KeyRef)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.key, err)
+		}
+		if !publicKeysEqual(key.Public(), c.ca.Cert.PublicKey) {
+			return fmt.Errorf("%s: CA key %q in key store %s does not match the CA certificate %q", c.key, c.ca.KeyRef, k.src.Name(), c.ca.Cert.Subject.CommonName)
+		}
+		c.ca.Key = key
+	}
+	if k != nil {
+		var refs []string
+		for _, ca := range []*pki.Issued{st.signing, st.next} {
+			if ca != nil && ca.KeyRef != "" {
+				refs = append(refs, ca.KeyRef)
+			}
+		}
+		k.keep(refs...)
+	}
+	return nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	eq, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && eq.Equal(b)
+}
