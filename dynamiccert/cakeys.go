@@ -25,6 +25,11 @@ import (
 // Implementations must be safe for concurrent use. They need not bound
 // their calls in time: the Authority does (AuthorityConfig.CAKeyTimeout).
 // Closing the store is the implementation's business.
+//
+// FIPS: a key in a module signs with the module's own, separately
+// validated implementation (its FIPS 140 certificate and approved mode),
+// not Go's FIPS 140-3 module, so GODEBUG=fips140=only does not cover the
+// CA signatures; the checks of key types on certificates still apply.
 type CAKeySource interface {
 	// Name names the key store (e.g. its token or slot) in errors, logs
 	// and Events. It must not contain secrets.

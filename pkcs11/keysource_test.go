@@ -3,9 +3,9 @@ package pkcs11_test
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/ecdsa"
 	"strings"
 	"testing"
 
