@@ -55,6 +55,12 @@ type caKeys struct {
 	timeout time.Duration
 	clock   clock.Clock
 
+	// stuck counts the calls and signatures abandoned at the timeout that
+	// have not returned yet: while one has not, the store is taken for
+	// hung and every new call fails at once, so retries do not pile up
+	// goroutines on it.
+	stuck atomic.Int32
+
 	mu    sync.Mutex
 	found map[string]crypto.Signer // by reference, bounded
 }
@@ -144,56 +150,68 @@ func (k *caKeys) wrap(key crypto.Signer, ref string) crypto.Signer {
 var errCAKeyTimeout = errors.New("key store did not answer")
 
 // bounded runs fn, waiting at most k.timeout on k.clock. An fn that hangs
-// (an HSM that stopped answering) keeps its goroutine until it returns;
-// the context passed to fn is cancelled then, for stores that honour it.
+// (an HSM that stopped answering) keeps its goroutine until it returns,
+// and until then every bounded call fails at once: at most one goroutine
+// per Authority waits on a hung store. The context passed to fn is
+// cancelled at the timeout, for stores that honour it.
 func bounded[T any](k *caKeys, what string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if n := k.stuck.Load(); n > 0 {
+		return zero, fmt.Errorf("CA key source %s: %s: %w: an earlier call has not returned after %v", k.src.Name(), what, errCAKeyTimeout, k.timeout)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	type result struct {
 		v   T
 		err error
 	}
+	const running, returned, abandoned = 0, 1, 2
+	var state atomic.Int32
 	done := make(chan result, 1) // the goroutine never blocks on it
 	go func() {
 		v, err := fn(ctx)
+		if !state.CompareAndSwap(running, returned) {
+			k.stuck.Add(-1) // abandoned at the timeout, and counted then
+		}
 		done <- result{v, err}
 	}()
 	t := k.clock.NewTimer(k.timeout)
 	defer t.Stop()
-	var zero T
+	var r result
 	select {
-	case r := <-done:
-		cancel()
-		if r.err != nil {
-			return zero, fmt.Errorf("CA key source %s: %s: %w", k.src.Name(), what, r.err)
-		}
-		return r.v, nil
+	case r = <-done:
 	case <-t.C():
-		cancel()
-		return zero, fmt.Errorf("CA key source %s: %s: %w within %v", k.src.Name(), what, errCAKeyTimeout, k.timeout)
+		if state.CompareAndSwap(running, abandoned) {
+			k.stuck.Add(1)
+			cancel()
+			return zero, fmt.Errorf("CA key source %s: %s: %w within %v", k.src.Name(), what, errCAKeyTimeout, k.timeout)
+		}
+		r = <-done // it returned just now
 	}
+	cancel()
+	if r.err != nil {
+		return zero, fmt.Errorf("CA key source %s: %s: %w", k.src.Name(), what, r.err)
+	}
+	return r.v, nil
 }
 
-// boundedSigner signs with a key of a CAKeySource, bounded in time. While
-// one signature hangs, the next fails at once instead of piling up
-// goroutines on a key store that does not answer.
+// boundedSigner signs with a key of a CAKeySource, bounded in time (see
+// bounded). Signatures run concurrently (podcert's Signer and the leaf
+// renewals share the CA key).
 type boundedSigner struct {
 	keys *caKeys
 	key  crypto.Signer
 	ref  string
-	busy atomic.Bool
 }
 
 func (s *boundedSigner) Public() crypto.PublicKey { return s.key.Public() }
 
 func (s *boundedSigner) Sign(rand io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
-	if !s.busy.CompareAndSwap(false, true) {
-		return nil, fmt.Errorf("CA key source %s: signing with CA key %q: %w: a previous signature has not returned", s.keys.src.Name(), s.ref, errCAKeyTimeout)
-	}
 	sig, err := bounded(s.keys, fmt.Sprintf("signing with CA key %q", s.ref), func(context.Context) ([]byte, error) {
-		defer s.busy.Store(false)
 		return s.key.Sign(rand, digest, opts)
 	})
 	if err != nil {
+		// The next attempt looks the key up again and says whether it is
+		// still there.
 		s.keys.forget(s.ref)
 	}
 	return sig, err

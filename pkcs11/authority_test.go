@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -572,5 +575,41 @@ func TestAuthorityMovesPEMKeyIntoSoftHSM(t *testing.T) {
 	addr := serve(t, a)
 	if leaf := handshake(t, addr, s.Data[dynamiccert.SecretCAKey], clk); leaf.CheckSignatureFrom(signingCA(t, s)) != nil {
 		t.Fatal("not serving a leaf from the CA in the token")
+	}
+}
+
+// TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM: SignLeaf, which the
+// PodCertificateRequest signer calls for many pods at once, signs
+// concurrently with a CA key in the token.
+func TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM(t *testing.T) {
+	label, pin := newToken(t)
+	client := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(testNow)
+	a := newAuthority(t, client, clk, "hsm-signleaf", "replica-1", newKeySource(t, label, pin))
+	if err := a.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ca := signingCA(t, getSecret(t, client))
+	pod, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Go(func() {
+			leaf, err := a.SignLeaf(dynamiccert.LeafRequest{PublicKey: pod.Public(), DNSNames: []string{"pod.ns.svc"}, Lifetime: time.Hour})
+			if err == nil {
+				err = leaf.Cert.CheckSignatureFrom(ca)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
 	}
 }
