@@ -17,9 +17,8 @@ import (
 // do not share keys and may run in parallel; nothing outside the temporary
 // directory is touched.
 var (
-	tokenDir  string
-	tokenSeq  atomic.Int64
-	softhsmOK bool
+	tokenDir string
+	tokenSeq atomic.Int64
 )
 
 const (
@@ -35,7 +34,7 @@ func TestMain(m *testing.M) {
 	}
 	tokenDir = filepath.Join(dir, "tokens")
 	conf := filepath.Join(dir, "softhsm2.conf")
-	if err := os.MkdirAll(tokenDir, 0o700); err == nil {
+	if err = os.MkdirAll(tokenDir, 0o700); err == nil {
 		err = os.WriteFile(conf, []byte("directories.tokendir = "+tokenDir+"\nobjectstore.backend = file\nlog.level = ERROR\n"), 0o600)
 	}
 	if err != nil {
