@@ -38,6 +38,13 @@ const (
 	// AuthorityNextSinceAnnotation records when the successor joined ca.crt
 	// (RFC 3339), so every replica agrees when its minimum delay ends.
 	AuthorityNextSinceAnnotation = "evercert.io/next-ca-published-at"
+	// AuthorityKeyRefKey and AuthorityNextKeyRefKey hold, with a CAKeys
+	// source, the reference (CAKeySource.NewKey) to the key of the signing
+	// CA and of the successor instead of tls.key and next.key, which are
+	// then absent (tls.key is empty in a pre-created kubernetes.io/tls
+	// Secret, whose type requires the key).
+	AuthorityKeyRefKey     = "tls.key-ref"
+	AuthorityNextKeyRefKey = "next.key-ref"
 )
 
 // AuthorityConfig configures an Authority.
@@ -121,6 +128,23 @@ type AuthorityConfig struct {
 	// tool first. Default LayoutEvercert: the Authority's own layout;
 	// cert-manager's is the same and is read without Adopt too.
 	Adopt SecretLayout
+	// CAKeys, when set, keeps the CA private keys outside the Secret, e.g.
+	// in an HSM (package github.com/evercert/evercert/pkcs11): every new
+	// CA's key is made there, and the Secret holds only the certificates
+	// and a reference to each key (AuthorityKeyRefKey,
+	// AuthorityNextKeyRefKey). Every replica needs the same store. A CA
+	// Secret that still holds a CA's key in tls.key (written before CAKeys
+	// was set) keeps working: that CA keeps signing and a successor with a
+	// key in the store is published at once, so the key in the Secret stops
+	// signing after an observed rotation, not a disruptive one. An
+	// Authority without CAKeys refuses a Secret holding a key reference.
+	// Default nil: the keys are PEM in the Secret.
+	CAKeys CAKeySource
+	// CAKeyTimeout bounds every CAKeys call and every signature with one
+	// of its keys, on Clock: a key store that stops answering fails the
+	// check, which is retried with backoff while the last leaf keeps
+	// serving. Default DefaultCAKeyTimeout.
+	CAKeyTimeout time.Duration
 	// Clock drives rotation and validity. Default clock.RealClock{}.
 	Clock clock.WithTicker
 }
@@ -165,6 +189,9 @@ func (c *AuthorityConfig) complete() error {
 	}
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = max(3*c.CheckInterval, 15*time.Second)
+	}
+	if c.CAKeyTimeout == 0 {
+		c.CAKeyTimeout = DefaultCAKeyTimeout
 	}
 	if c.LeaseDuration < time.Second {
 		return fmt.Errorf("lease duration %v must be at least one second", c.LeaseDuration)
@@ -223,7 +250,8 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		return nil, err
 	}
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
-	store := &secretStore{cfg: &cfg, src: src}
+	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
+	store := &secretStore{cfg: &cfg, src: src, keys: keys}
 	a := &Authority{cfg: cfg, store: store}
 	store.judge = a.clockSkew
 	a.issuer = newIssuer(issuerConfig{
@@ -233,7 +261,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		name: cfg.Name, caKeyType: caKeyType(cfg.KeyTypes).pki(),
 		caLifetime: cfg.CALifetime, caRenewBefore: cfg.CARenewBefore,
 		propagation: cfg.PropagationDelay, leafRenewBefore: cfg.RenewBefore,
-		skew: cfg.SkewTolerance,
+		skew: cfg.SkewTolerance, caKeys: keys,
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	if !cfg.DisableReplicaAnnouncements {
@@ -332,6 +360,7 @@ var errWaitingForStore = errors.New("waiting for the CA state to be created")
 type secretStore struct {
 	cfg       *AuthorityConfig
 	src       *secretSource
+	keys      *caKeys     // nil: CA keys are PEM in the Secret
 	waiting   errlog.Once // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
@@ -380,6 +409,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
 	}
 	st, convert, err := parseSecretLayout(secret, s.cfg.Adopt)
+	if err == nil {
+		err = s.keys.resolveKeys(st)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
@@ -423,10 +455,14 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		// running) is a conflict, re-read and decided again.
 		updated := secret.DeepCopy()
 		writeAuthoritySecret(st, updated, s.cfg.Adopt)
-		if !exists && st.signing.Key == nil {
-			// A CA adopted without its key, written back after a delete:
-			// a kubernetes.io/tls Secret must hold tls.crt and tls.key.
+		if !exists && (st.signing.Key == nil || st.signing.KeyRef != "") {
+			// A CA adopted without its key, written back after a delete,
+			// or whose key is in a key store: a kubernetes.io/tls Secret
+			// must hold tls.crt and tls.key.
 			updated.Type = corev1.SecretTypeOpaque
+		}
+		if exists && updated.Type == corev1.SecretTypeTLS && st.signing.KeyRef != "" {
+			updated.Data[corev1.TLSPrivateKeyKey] = []byte{} // required by the type, never the key
 		}
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
@@ -533,7 +569,11 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 	st := &caSet{}
 	var err error
-	if len(s.Data[corev1.TLSCertKey]) > 0 || len(s.Data[corev1.TLSPrivateKeyKey]) > 0 {
+	if len(s.Data[AuthorityKeyRefKey]) > 0 {
+		if st.signing, err = parseCARef(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey], s.Data[AuthorityKeyRefKey]); err != nil {
+			return nil, fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, AuthorityKeyRefKey, err)
+		}
+	} else if len(s.Data[corev1.TLSCertKey]) > 0 || len(s.Data[corev1.TLSPrivateKeyKey]) > 0 {
 		if st.signing, err = parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
 			return nil, fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 		}
@@ -548,7 +588,12 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 // bundle into st: evercert's keys, in every layout it adopts.
 func parseSuccessorAndBundle(s *corev1.Secret, st *caSet) error {
 	var err error
-	if len(s.Data[AuthorityNextCertKey]) > 0 {
+	if len(s.Data[AuthorityNextKeyRefKey]) > 0 {
+		if st.next, err = parseCARef(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey], s.Data[AuthorityNextKeyRefKey]); err != nil {
+			return fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyRefKey, err)
+		}
+		st.nextSince = parseNextSince(s)
+	} else if len(s.Data[AuthorityNextCertKey]) > 0 {
 		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
 			return fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
@@ -586,6 +631,23 @@ func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
 	return &pki.Issued{Cert: pair.Leaf, Key: signer, CertPEM: certPEM, KeyPEM: keyPEM}, nil
 }
 
+// parseCARef parses a CA whose key is in a key store: its certificate and
+// the reference; the key is found later (caKeys.resolveKeys). A key beside
+// the reference is refused: the reference was meant to replace it.
+func parseCARef(certPEM, keyPEM, ref []byte) (*pki.Issued, error) {
+	if len(keyPEM) > 0 {
+		return nil, errors.New("holds both a private key and a key reference; remove the private key")
+	}
+	certs, err := pki.ParseCABundle(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	if len(certs) != 1 || !certs[0].IsCA {
+		return nil, errors.New("certificate is not a single CA")
+	}
+	return &pki.Issued{Cert: certs[0], CertPEM: certPEM, KeyRef: string(ref)}, nil
+}
+
 // writeAuthoritySecret stores the state in the Secret: the signing CA as
 // tls.crt and tls.key, the bundle as ca.crt, and a successor with its
 // publication time. A signing CA adopted without its key (knative) is not
@@ -599,9 +661,15 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Data = map[string][]byte{}
 	}
 	switch {
+	case st.signing.KeyRef != "":
+		s.Data[corev1.TLSCertKey] = st.signing.CertPEM
+		s.Data[AuthorityKeyRefKey] = []byte(st.signing.KeyRef)
+		delete(s.Data, corev1.TLSPrivateKeyKey) // the key of a CA before it, if any
+		removeForeignKeys(s, layout)
 	case st.signing.Key != nil:
 		s.Data[corev1.TLSCertKey] = st.signing.CertPEM
 		s.Data[corev1.TLSPrivateKeyKey] = st.signing.KeyPEM
+		delete(s.Data, AuthorityKeyRefKey)
 		removeForeignKeys(s, layout)
 	case st.legacy != nil:
 		// A tls.crt would be read as the signing CA in force.
@@ -614,7 +682,13 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	s.Data[SecretCAKey], _ = st.bundlePEM()
 	if st.next != nil {
 		s.Data[AuthorityNextCertKey] = st.next.CertPEM
-		s.Data[AuthorityNextKeyKey] = st.next.KeyPEM
+		if st.next.KeyRef != "" {
+			s.Data[AuthorityNextKeyRefKey] = []byte(st.next.KeyRef)
+			delete(s.Data, AuthorityNextKeyKey)
+		} else {
+			s.Data[AuthorityNextKeyKey] = st.next.KeyPEM
+			delete(s.Data, AuthorityNextKeyRefKey)
+		}
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
@@ -622,6 +696,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	} else {
 		delete(s.Data, AuthorityNextCertKey)
 		delete(s.Data, AuthorityNextKeyKey)
+		delete(s.Data, AuthorityNextKeyRefKey)
 		delete(s.Annotations, AuthorityNextSinceAnnotation)
 	}
 }

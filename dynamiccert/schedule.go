@@ -27,6 +27,8 @@ type rotation struct {
 	// state: certificates are backdated by it, and a CA that is not yet
 	// valid by less than it is accepted.
 	skew time.Duration
+	// caKeys, when set, holds the keys of new CAs (AuthorityConfig.CAKeys).
+	caKeys *caKeys
 }
 
 // caSet is the CA side of the state: the CA that signs, a successor already
@@ -117,7 +119,10 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 	default:
 		// A CA adopted without its key cannot sign: its successor is due
 		// at once.
-		if cs.next == nil && (cs.signing.Key == nil || !now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore))) {
+		// So is the successor of a CA whose key is in the Secret while the
+		// keys belong in a key store.
+		if cs.next == nil && (cs.signing.Key == nil || r.caKeys != nil && cs.signing.KeyRef == "" ||
+			!now.Before(cs.signing.Cert.NotAfter.Add(-r.caRenewBefore))) {
 			ca, err := r.newCA(now)
 			if err != nil {
 				return false, false, fmt.Errorf("making successor CA: %w", err)
@@ -178,7 +183,15 @@ func (r rotation) valid(c *x509.Certificate, now time.Time) bool {
 // newCA makes a CA named "<provider>-ca@<unix seconds>", as upstream names
 // its self-signed CAs, so that logs, Status and x509 errors say which CA.
 func (r rotation) newCA(now time.Time) (*pki.Issued, error) {
-	return pki.NewCA(pki.Request{CommonName: caCommonName(r.name, now), KeyType: r.caKeyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()})
+	req := pki.Request{CommonName: caCommonName(r.name, now), KeyType: r.caKeyType, Now: now, Lifetime: r.caLifetime, Backdate: r.backdate()}
+	if r.caKeys != nil {
+		key, ref, err := r.caKeys.newKey(r.caKeyType)
+		if err != nil {
+			return nil, err
+		}
+		req.Key, req.KeyRef = key, ref
+	}
+	return pki.NewCA(req)
 }
 
 // caCommonName is the common name of a CA that provider makes at now.

@@ -55,6 +55,7 @@ var origin = map[string]struct{ how, pkg string }{
 	"openssl":        {installDeps, "openssl"},
 	"promtool":       {installDeps, "prometheus"},
 	"pgrep":          {installDeps, "procps"},
+	"softhsm2-util":  {installDeps, "softhsm2"},
 	"kube-apiserver": {hackBuilt, "hack/install-kube.sh"},
 	"etcd":           {hackBuilt, "hack/install-kube.sh"},
 	"staticcheck":    {hackBuilt, "hack/verify.sh"},

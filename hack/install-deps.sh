@@ -10,6 +10,9 @@
 #                         deploy/prometheus (make test-alerts)
 #   procps      pgrep     internal/testcluster's check that no control-plane
 #                         process outlives its test
+#   softhsm2    softhsm2-util  a PKCS#11 token for the CA keys of the
+#                         pkcs11 module's tests (make test-hsm), and its
+#                         library /usr/lib/softhsm/libsofthsm2.so
 #
 # kube-apiserver and etcd are not packages: hack/install-kube.sh builds them.
 # hack/deps_test.go keeps this table and the programs the tests run in step.
@@ -23,7 +26,7 @@
 set -euo pipefail
 
 # "package:program" pairs; keep in step with the table above.
-deps=(sslscan:sslscan openssl:openssl prometheus:promtool procps:pgrep)
+deps=(sslscan:sslscan openssl:openssl prometheus:promtool procps:pgrep softhsm2:softhsm2-util)
 
 if [ "${#deps[@]}" -eq 0 ]; then
   # A merge once emptied this list and the script went on to install

@@ -25,6 +25,9 @@ type Issued struct {
 	Key     crypto.Signer
 	CertPEM []byte
 	KeyPEM  []byte
+	// KeyRef, when set, names Key in an external key store (an HSM): the
+	// key cannot be exported and KeyPEM is empty.
+	KeyRef string
 }
 
 // KeyPair returns the certificate and key ready to serve, as ParseCertKey
@@ -47,9 +50,13 @@ type Request struct {
 	// KeyType selects the key algorithm; zero means ECDSAP256.
 	KeyType KeyType
 	// Key, when set, is the leaf's key instead of a newly generated one, and
-	// KeyType is ignored (IssueLeaf only). Benchmarks that need many
-	// certificates share one key: generating a key costs more than signing.
+	// KeyType is ignored. Benchmarks that need many certificates share one
+	// key: generating a key costs more than signing. For NewCA it is a key
+	// held in an external key store (an HSM): it is not PEM encoded, and
+	// KeyRef is copied to the result.
 	Key crypto.Signer
+	// KeyRef names Key in its key store (NewCA only).
+	KeyRef string
 	// Now is the issuance time; NotBefore is Now-Backdate.
 	Now time.Time
 	// Backdate is how far NotBefore lies before Now, so that peers whose
@@ -95,9 +102,11 @@ func NewCA(r Request) (*Issued, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := GenerateKey(r.KeyType)
-	if err != nil {
-		return nil, err
+	key, external := r.Key, r.Key != nil
+	if !external {
+		if key, err = GenerateKey(r.KeyType); err != nil {
+			return nil, err
+		}
 	}
 	serial, err := NewSerial()
 	if err != nil {
@@ -113,7 +122,12 @@ func NewCA(r Request) (*Issued, error) {
 		IsCA:                  true,
 		MaxPathLenZero:        true,
 	}
-	return sign(tmpl, tmpl, key, key)
+	ca, err := sign(tmpl, tmpl, key, key, !external)
+	if err != nil {
+		return nil, err
+	}
+	ca.KeyRef = r.KeyRef
+	return ca, nil
 }
 
 // IssueLeaf issues a server (and client) leaf certificate signed by ca. The
@@ -150,7 +164,7 @@ func IssueLeaf(ca *Issued, r Request) (*Issued, error) {
 		return nil, err
 	}
 	tmpl := leafTemplate(serial, r.CommonName, r.DNSNames, r.IPs, notBefore, notAfter, key.Public())
-	return sign(tmpl, ca.Cert, key, ca.Key)
+	return sign(tmpl, ca.Cert, key, ca.Key, true)
 }
 
 // leafTemplate is the template of every leaf evercert signs: a server and
@@ -174,7 +188,9 @@ func leafTemplate(serial *big.Int, commonName string, dnsNames []string, ips []n
 	}
 }
 
-func sign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer) (*Issued, error) {
+// sign signs tmpl for key with parentKey; encodeKey says whether key is
+// PEM encoded (an external key cannot be).
+func sign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer, encodeKey bool) (*Issued, error) {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
 	if err != nil {
 		return nil, fmt.Errorf("signing certificate %q: %w", tmpl.Subject.CommonName, err)
@@ -183,9 +199,11 @@ func sign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer) (*Issued
 	if err != nil {
 		return nil, fmt.Errorf("parsing issued certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
-	keyPEM, err := EncodeKeyPEM(key)
-	if err != nil {
-		return nil, err
+	var keyPEM []byte
+	if encodeKey {
+		if keyPEM, err = EncodeKeyPEM(key); err != nil {
+			return nil, err
+		}
 	}
 	return &Issued{Cert: cert, Key: key, CertPEM: EncodeCertPEM(der), KeyPEM: keyPEM}, nil
 }

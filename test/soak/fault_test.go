@@ -267,6 +267,8 @@ func faultScenarios() []scenario {
 			cycle: crashCycle(publisherPod, "publish")},
 
 		{name: "file-faults", cycle: fileFaultCycle},
+		// The CA keys in a key store (an HSM) that stops answering.
+		{name: "hsm-stops-answering", params: func(p *params) { p.caKeys = true }, cycle: hsmHangCycle},
 
 		// Negative controls: the same harness with a weaker system or a
 		// stricter client must see failures.

@@ -88,6 +88,9 @@ type params struct {
 	// fileLeaf is the lifetime of the file pairs, rewritten every
 	// fileEvery.
 	fileLeaf, fileEvery time.Duration
+	// caKeys keeps the Authority's CA keys in a shared key store
+	// (world.keys) instead of the Secret.
+	caKeys bool
 }
 
 func defaultParams() params {
@@ -135,7 +138,9 @@ type world struct {
 	poolMu sync.Mutex
 	pools  map[string]*x509.CertPool
 
-	rep    *scenarioReport
+	rep *scenarioReport
+	// keys is the CA key store the replicas share (params.caKeys), or nil.
+	keys   *softKeyStore
 	closed bool
 	// control marks a negative control: failures are expected and
 	// counted, not reported.
@@ -198,6 +203,9 @@ func newWorld(t *testing.T, name string, p params) *world {
 		rep:    newScenarioReport(name),
 	}
 	w.ctx, w.stop = context.WithCancel(context.Background())
+	if p.caKeys {
+		w.keys = newSoftKeyStore()
+	}
 	t.Cleanup(w.close)
 	w.api = newFakeAPI(&admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: webhookName},
@@ -237,6 +245,9 @@ func (w *world) close() {
 		return
 	}
 	w.closed = true
+	if w.keys != nil {
+		w.keys.answer() // no call stays blocked on a hung key store
+	}
 	if w.contender != nil {
 		w.contender.stop()
 	}
@@ -275,12 +286,16 @@ func (w *world) startPod(idx int) *pod {
 	}
 
 	var err error
-	p.auth, err = newAuthority(dynamiccert.AuthorityConfig{
+	authCfg := dynamiccert.AuthorityConfig{
 		Name: p.provider("authority"), Namespace: namespace, SecretName: secretName, Client: p.client,
 		Hosts: []string{authorityHost, "127.0.0.1"}, Lifetime: w.p.leaf, RenewBefore: w.p.leafRenew,
 		CALifetime: w.p.ca, CARenewBefore: w.p.caRenew, PropagationDelay: w.p.pd,
 		Clock: clk("authority", true),
-	}, extraOptions{replicaID: replicaID, lease: w.p.lease, skewTolerance: w.p.skewTolerance, recorder: w.events})
+	}
+	if w.keys != nil {
+		authCfg.CAKeys, authCfg.CAKeyTimeout = w.keys, hsmTimeout
+	}
+	p.auth, err = newAuthority(authCfg, extraOptions{replicaID: replicaID, lease: w.p.lease, skewTolerance: w.p.skewTolerance, recorder: w.events})
 	require.NoError(t, err)
 	p.self, err = newSelfSigned(dynamiccert.SelfSignedConfig{
 		Name: p.provider("self-signed"), Hosts: []string{selfHost}, SNINames: []string{selfHost},
