@@ -253,10 +253,12 @@ func (e *emergency) note(step, eventType, reason, msg string) {
 
 // flush reports the steps the last decide took, now that the state they
 // belong to is in force (written, or found written), and this replica's
-// own progress: its leaf no longer signed by a compromised CA.
-func (e *emergency) flush(st *caSet, leafCA *x509.Certificate, replicas *replicaSet) {
+// own progress: its leaf no longer signed by a compromised CA. It reports
+// whether that just happened (once per mark): the caller checks again at
+// once, since this replica may have been the last to serve from it.
+func (e *emergency) flush(st *caSet, leafCA *x509.Certificate, replicas *replicaSet) (reissued bool) {
 	if e == nil {
-		return
+		return false
 	}
 	if replicas != nil {
 		draining := slices.ContainsFunc(st.bundle, func(c *x509.Certificate) bool { return e.compromised(st.ops, c) })
@@ -286,8 +288,10 @@ func (e *emergency) flush(st *caSet, leafCA *x509.Certificate, replicas *replica
 			certmetrics.EmergencyRotationStep(e.name, emergencyReissued)
 			e.report.Event(corev1.EventTypeWarning, ReasonEmergencyCARotation, certreport.ActionRotate,
 				fmt.Sprintf("this replica serves a leaf from CA %q, no longer from compromised CA %s", leafCA.Subject.CommonName, short(fp)))
+			return true
 		}
 	}
+	return false
 }
 
 // status describes the emergency for Status; nil when there is none.

@@ -309,7 +309,9 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	if err := i.adopt(st, now, true); err != nil {
 		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
 	}
-	i.emerg.flush(st, i.currentLeafCA(), i.replicas)
+	if i.emerg.flush(st, i.currentLeafCA(), i.replicas) {
+		i.Enqueue()
+	}
 	i.report.succeeded()
 	return i.nextDeadline().Sub(now), nil
 }
