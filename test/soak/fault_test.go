@@ -268,6 +268,12 @@ func faultScenarios() []scenario {
 
 		{name: "file-faults", cycle: fileFaultCycle},
 
+		// Emergency rotation (issue 21): the signing CA marked compromised
+		// during a pause, an API outage, and with a replica down.
+		emergencyScenario("emergency-during-pause", "pause"),
+		emergencyScenario("emergency-during-api-outage", "api-outage"),
+		emergencyScenario("emergency-replica-down", "replica-down"),
+
 		// Negative controls: the same harness with a weaker system or a
 		// stricter client must see failures.
 		{name: "control-stale-bundles", control: true, params: func(p *params) {
