@@ -311,10 +311,7 @@ func (e *emergency) status(st *caSet) *EmergencyStatus {
 	case st.ops.cHandled == st.ops.compromised:
 		s.Step = EmergencyDone
 	case st.emergencyActive():
-		s.Step = EmergencyWaitingForSuccessor
-		if st.next != nil {
-			s.Serving = []string{"successor " + st.next.Cert.Subject.CommonName + " not yet confirmed"}
-		}
+		s.Step = EmergencyWaitingForSuccessor // RotationStatus.Successor.Pending names what for
 	case bad != nil && (st.next == nil || !bad.Equal(st.next.Cert)):
 		s.Step = EmergencyDraining
 		s.Serving = e.serving(bad)
@@ -351,8 +348,10 @@ type EmergencyStatus struct {
 	// Step is one of EmergencyWaitingForSuccessor, EmergencyDraining,
 	// EmergencyDone, EmergencyIgnored.
 	Step string
-	// Serving names what the step waits for: the live replicas
-	// ("replica/<id>") still serving a leaf from the compromised CA.
+	// Serving names, while EmergencyDraining, the live replicas
+	// ("replica/<id>", "self" for this one) still serving a leaf from the
+	// compromised CA. While EmergencyWaitingForSuccessor,
+	// RotationStatus.Successor.Pending names what the successor waits for.
 	Serving []string
 }
 
