@@ -88,6 +88,13 @@ type AuthorityConfig struct {
 	// measures the delay from when it first saw the successor, on its own
 	// clock, so clock skew never shortens it. Default
 	// (CARenewBefore-RenewBefore)/4.
+	//
+	// An emergency rotation (CompromisedCAAnnotation) skips it: the
+	// successor of a compromised CA signs as soon as every Observer and
+	// every live replica confirms it. A key an attacker may hold must stop
+	// being trusted sooner than a consumer nobody observes is likely to
+	// cause an outage by missing the successor; every consumer evercert
+	// does observe is still waited for.
 	PropagationDelay time.Duration
 	// SkewTolerance is the clock skew tolerated between replicas and
 	// clients. Default one hour, or RenewBefore/4 when shorter. See
@@ -264,6 +271,8 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		skew: cfg.SkewTolerance, caKeys: keys,
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
+	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}), a.servingFrom)
+	store.compromised = a.emerg.compromised
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 	}
@@ -364,6 +373,9 @@ type secretStore struct {
 	waiting   errlog.Once // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
+	// compromised, when set, reports a CA marked compromised: it is never
+	// written back (see restore).
+	compromised func(ops operatorRequests, c *x509.Certificate) bool
 	// judge, when set, says why this replica's clock must not change the
 	// state as read (Authority.clockSkew); "" when it may.
 	judge func(st *caSet, now time.Time) (reason string, waiting bool)
@@ -415,6 +427,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
+	st.ops = parseOperatorRequests(secret)
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
 	}
@@ -506,7 +519,9 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 	// schedule, on a replica whose clock is ahead: it is not lost, and
 	// writing it back would flip ca.crt with that replica until our clock
 	// catches up.
-	keep := func(c *x509.Certificate) bool { return now.Add(skew).Before(c.NotAfter) }
+	keep := func(c *x509.Certificate) bool {
+		return now.Add(skew).Before(c.NotAfter) && (s.compromised == nil || !s.compromised(st.ops, c))
+	}
 	restored := false
 	for _, c := range last.bundle {
 		if keep(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
@@ -680,6 +695,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Data[knativeServerKeyKey] = st.legacy.KeyPEM
 	}
 	s.Data[SecretCAKey], _ = st.bundlePEM()
+	writeOperatorHandled(st.ops, s)
 	if st.next != nil {
 		s.Data[AuthorityNextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -48,8 +48,9 @@ type SignedLeaf struct {
 }
 
 // ErrNoSigningCA is wrapped by SignLeaf while this replica has no CA that
-// may sign: the CA Secret has not been read yet, or the signing CA is not
-// valid yet on this replica's clock. The Authority notifies its listeners
+// may sign: the CA Secret has not been read yet, the signing CA is not
+// valid yet on this replica's clock, or it is marked compromised
+// (CompromisedCAAnnotation) and its successor does not sign yet. The Authority notifies its listeners
 // (AddListener) when that changes.
 var ErrNoSigningCA = errors.New("no signing CA yet")
 
@@ -92,10 +93,16 @@ func (a *Authority) SignLeaf(req LeafRequest) (*SignedLeaf, error) {
 		return nil, fmt.Errorf("signing a leaf: backdate %v and minimum lifetime %v must not be negative", req.Backdate, req.MinLifetime)
 	}
 	a.mu.RLock()
-	ca, ok := a.cas.signing, a.hasState
+	ca, ok, ops := a.cas.signing, a.hasState, a.cas.ops
 	a.mu.RUnlock()
 	if !ok || ca == nil {
 		return nil, fmt.Errorf("%s: %w: the CA secret has not been read", a.cfg.Name, ErrNoSigningCA)
+	}
+	if a.emerg.compromised(ops, ca.Cert) {
+		// The mark is read with the Secret: from then on nothing more is
+		// signed with the CA, also before its successor is confirmed.
+		return nil, fmt.Errorf("%s: %w: CA %q is marked compromised (%s on the CA secret); its successor signs once every observer confirms it",
+			a.cfg.Name, ErrNoSigningCA, ca.Cert.Subject.CommonName, CompromisedCAAnnotation)
 	}
 	if ca.Key == nil {
 		return nil, fmt.Errorf("%s: %w: CA %q was adopted without its key; its successor signs once observed", a.cfg.Name, ErrNoSigningCA, ca.Cert.Subject.CommonName)

@@ -134,5 +134,32 @@
 // (a signing CA older than its own that it knew, or that is no longer
 // valid), writes back the CAs it knows instead of starting a CA no client
 // trusts; a valid CA it never saw is another writer's, not a rollback. To
-// force a new CA, delete the Secret and restart every replica.
+// force a new CA, annotate the Secret (below).
+//
+// # Operator requests and emergency rotation
+//
+// An operator acts on an Authority through annotations on its CA Secret
+// (operator_annotations.go; the evercert CLI or kubectl annotate sets
+// them). RotateRequestedAnnotation starts an observed rotation now: a
+// successor is published at once, and signs as on schedule.
+// CompromisedCAAnnotation, the Fingerprint of a CA in the Secret (signing,
+// successor, or an older CA still in ca.crt), starts an emergency rotation:
+// a successor is published at once (a compromised successor is dropped and
+// replaced), it signs as soon as every Observer and every live replica
+// confirms it, without the minimum propagation delay, every replica
+// re-issues its leaf from it, SignLeaf (and so the podcert signer) refuses
+// the compromised CA from the moment the replica read the mark, and the
+// compromised CA leaves ca.crt, and with it every caBundle, trust bundle
+// and bundle file that follows the Authority, as soon as no live replica's
+// Lease announces a leaf it signed, not at its expiry.
+// CompromisedHandledAnnotation then records it. Skipping the minimum delay
+// is the right trade here: it stands for consumers evercert cannot
+// observe, and in an emergency a key that an attacker may hold must stop
+// being trusted sooner than such a consumer is likely to cause an outage;
+// every consumer evercert observes is still waited for, so the clients that
+// follow a published bundle never fail. A fingerprint that matches no CA
+// is reported (a Warning Event, evercert_operator_requests_total) and
+// ignored. Each step is a Warning EmergencyCARotation Event on the Secret,
+// counted in evercert_emergency_rotation_steps_total, and shown in
+// Status().Emergency.
 package dynamiccert

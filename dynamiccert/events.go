@@ -31,4 +31,15 @@ const (
 	// the skew tolerance, so it does not write the Secret; sent once when
 	// that starts.
 	ReasonClockSkew = certreport.ReasonClockSkew
+	// ReasonEmergencyCARotation (Warning): a step of an emergency rotation
+	// away from a CA marked compromised (CompromisedCAAnnotation), about
+	// the CA Secret: successor published, successor signs, this replica's
+	// leaf re-issued, compromised CA removed from ca.crt.
+	ReasonEmergencyCARotation = certreport.ReasonEmergencyCARotation
+	// ReasonCARotationRequested (Normal): the Authority acted on
+	// RotateRequestedAnnotation, about the CA Secret.
+	ReasonCARotationRequested = certreport.ReasonCARotationRequested
+	// ReasonCARequestIgnored (Warning): CompromisedCAAnnotation names no
+	// CA in the Secret; nothing was done. Sent once per value.
+	ReasonCARequestIgnored = certreport.ReasonCARequestIgnored
 )

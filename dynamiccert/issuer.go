@@ -36,6 +36,7 @@ type issuer struct {
 	sched    rotation
 	store    caStore
 	replicas *replicaSet // nil without replica coordination
+	emerg    *emergency  // operator requests; nil for SelfSigned
 	report   *reporter
 	kick     chan struct{}
 	// apiBack is signalled by the Lease writer when a write succeeds after
@@ -273,9 +274,14 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	var unsafe bool
 	var skew *clockSkewError
 	st, err := i.store.update(ctx, now, func(cs *caSet) (bool, error) {
-		changed, u, err := i.sched.advance(cs, now, observation{all: i.observed, local: i.locallyObserved})
+		obs := observation{all: i.observed, local: i.locallyObserved}
+		acted, err := i.emerg.decide(cs, now, obs)
+		if err != nil {
+			return false, err
+		}
+		changed, u, err := i.sched.advance(cs, now, obs)
 		unsafe = u
-		return changed, err
+		return changed || acted, err
 	})
 	switch {
 	case err == errWaitingForStore:
@@ -302,6 +308,9 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	}
 	if err := i.adopt(st, now, true); err != nil {
 		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+	}
+	if i.emerg.flush(st, i.currentLeafCA(), i.replicas) {
+		i.Enqueue()
 	}
 	i.report.succeeded()
 	return i.nextDeadline().Sub(now), nil
@@ -359,10 +368,11 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	if i.replicas != nil {
 		var trusted []string
 		for _, c := range st.bundle {
-			if st.next != nil && c.Equal(st.next.Cert) && now.Before(i.sched.signsNoEarlierThan(st)) {
+			if st.next != nil && c.Equal(st.next.Cert) && now.Before(i.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
 				// Not before its minimum delay on this replica: the consumers
 				// of this replica's bundle that evercert cannot see need as
-				// long as anyone's, even if it arrived here late.
+				// long as anyone's, even if it arrived here late. (Not in an
+				// emergency: see AuthorityConfig.PropagationDelay.)
 				continue
 			}
 			if i.locallyObserved(c) {

@@ -156,6 +156,10 @@ type replicaSet struct {
 	// listed: the peers' Leases were listed once (see listOnce), or
 	// listing them is forbidden and will stay so.
 	listed bool
+	// leafWatched: a change of a replica's announced leaf kicks the issuer
+	// too, while an emergency rotation waits for every replica to serve a
+	// successor leaf (emergency.flush); otherwise it matters to nothing.
+	leafWatched bool
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration, skew time.Duration, clk clock.WithTicker) *replicaSet {
@@ -537,7 +541,7 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	// What the issuer decides on changed: what the replica trusts, or how
 	// its clock compares with ours (see clocksLocked), or is known again
 	// after a pause.
-	return prev == nil || prev.stale || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+	return prev == nil || prev.stale || !slices.Equal(prev.trusted, trusted) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
 }
 
 // peerClocks is how the live replicas' clocks compare with this one's, as

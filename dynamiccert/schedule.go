@@ -48,6 +48,8 @@ type caSet struct {
 	// is nil then, and the successor, published at once, replaces both
 	// once observed.
 	legacy *pki.Issued
+	// ops are the operator's requests (Authority only; see emergency.go).
+	ops operatorRequests
 }
 
 // signingEnds is when the signing CA stops being able to serve: its

@@ -36,6 +36,10 @@ type RotationStatus struct {
 	// not write the Secret and issues no leaf (see the package
 	// documentation, "Observed rotation").
 	ClockSkew string
+	// Emergency, for an Authority whose CA Secret marks a CA compromised
+	// (CompromisedCAAnnotation), is where the emergency rotation stands;
+	// nil when none is marked. Its String is a one-line summary.
+	Emergency *EmergencyStatus
 }
 
 // CAStatus describes one CA certificate.
@@ -84,6 +88,7 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 		pending = len(succ.Pending)
 		s.Successor = succ
 	}
+	s.Emergency = i.emerg.status(st)
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
@@ -99,6 +104,11 @@ func (i *issuer) currentStatus() RotationStatus {
 		succ := *s.Successor
 		succ.Pending = append([]string(nil), succ.Pending...)
 		s.Successor = &succ
+	}
+	if s.Emergency != nil {
+		e := *s.Emergency
+		e.Serving = append([]string(nil), e.Serving...)
+		s.Emergency = &e
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()

@@ -55,6 +55,15 @@ const (
 	// with the CA Secret or with the other replicas beyond the skew
 	// tolerance; it does not write the Secret until it agrees again.
 	ReasonClockSkew = "ClockSkew"
+	// ReasonEmergencyCARotation (Warning): a step of an emergency rotation
+	// away from a compromised CA.
+	ReasonEmergencyCARotation = "EmergencyCARotation"
+	// ReasonCARotationRequested (Normal): an operator's rotate request was
+	// acted on.
+	ReasonCARotationRequested = "CARotationRequested"
+	// ReasonCARequestIgnored (Warning): an operator's request named no CA
+	// the Authority holds.
+	ReasonCARequestIgnored = "CARequestIgnored"
 
 	// ActionRotate is the action of rotation Events; ActionLoad that of load
 	// failures.

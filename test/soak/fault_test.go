@@ -270,6 +270,12 @@ func faultScenarios() []scenario {
 		// The CA keys in a key store (an HSM) that stops answering.
 		{name: "hsm-stops-answering", params: func(p *params) { p.caKeys = true }, cycle: hsmHangCycle},
 
+		// Emergency rotation (issue 21): the signing CA marked compromised
+		// during a pause, an API outage, and with a replica down.
+		emergencyScenario("emergency-during-pause", "pause"),
+		emergencyScenario("emergency-during-api-outage", "api-outage"),
+		emergencyScenario("emergency-replica-down", "replica-down"),
+
 		// Negative controls: the same harness with a weaker system or a
 		// stricter client must see failures.
 		{name: "control-stale-bundles", control: true, params: func(p *params) {

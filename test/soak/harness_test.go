@@ -130,10 +130,12 @@ type world struct {
 	fileBad bool        // the files hold a fault now
 	fileAt  time.Time   // when fileCur was written
 
-	activity  atomic.Int64 // provider notifications and sni swaps
-	events    *eventRecorder
-	unsafeAt  []time.Time // wakes at which an unsafe rotation is expected
-	contender *competitor
+	activity atomic.Int64 // provider notifications and sni swaps
+	events   *eventRecorder
+	unsafeAt []time.Time // wakes at which an unsafe rotation is expected
+	// emergencyAt are when a CA was marked compromised (emergency_test.go).
+	emergencyAt []time.Time
+	contender   *competitor
 
 	poolMu sync.Mutex
 	pools  map[string]*x509.CertPool
@@ -815,7 +817,7 @@ func (w *world) check() {
 	var authority []candidate
 	for _, p := range w.all {
 		for _, v := range p.authLog.window(from, now) {
-			authority = append(authority, candidate{pem: v.pem, source: p.authLog.name, at: v.at, exempt: w.exempt(v.at)})
+			authority = append(authority, candidate{pem: v.pem, source: p.authLog.name, at: v.at, exempt: w.exempt(v.at) || w.beforeEmergency(v.at)})
 		}
 	}
 	if vwc := w.webhookBundle(); len(vwc) > 0 && (w.contender == nil || !w.contender.wrote(vwc)) {
