@@ -425,3 +425,58 @@ func TestCLICheck(t *testing.T) {
 	assert.Equal(t, exitError, code, "check of a closed port")
 	assert.Contains(t, out, "TLS handshake with 127.0.0.1:1")
 }
+
+// TestCLIRotateActedOnByAuthorities: two Authority replicas run against
+// the cluster. rotate --wait returns once an Authority published a
+// successor and recorded it; rotate --compromised --wait returns once the
+// compromised CA left ca.crt, and status then finds a healthy Authority
+// whose published webhook verifies both replicas' new leaves, with the
+// compromised CA nowhere in the Secret's bundle.
+func TestCLIRotateActedOnByAuthorities(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	const secret = "acted-ca"
+	a := startReplica(t, r, admin, secret, "replica-a")
+	b := startReplica(t, r, admin, secret, "replica-b")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	publish(t, r, admin, cfg, a, "acted-webhook")
+	waitLeases(t, admin, secret, a, b)
+	env := []string{"KUBECONFIG=" + kubeconfig}
+
+	code, out := cli(t, env, "rotate", secret, "--wait", "--timeout", "1m", "-o", "json")
+	require.Equal(t, exitOK, code, "rotate --wait with two Authorities running: %s", out)
+	var rep rotateReport
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	assert.True(t, rep.Handled, "rotate-handled recorded")
+	s := secretCA(t, admin, secret)
+	assert.Equal(t, s.Annotations[dynamiccert.RotateRequestedAnnotation], s.Annotations[dynamiccert.RotateHandledAnnotation])
+	require.Eventually(t, func() bool { return a.Status().Successor != nil && b.Status().Successor != nil },
+		time.Minute, 50*time.Millisecond, "both replicas hold the successor the request published")
+
+	compromised := a.Status().Signing.Fingerprint
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "key in a leaked backup", "--wait", "--timeout", "2m")
+	require.Equal(t, exitOK, code, "rotate --compromised --wait with two Authorities running: %s", out)
+	s = secretCA(t, admin, secret)
+	assert.Equal(t, compromised, s.Annotations[dynamiccert.CompromisedHandledAnnotation])
+	bundle, err := pki.ParseCABundle(s.Data[dynamiccert.SecretCAKey])
+	require.NoError(t, err)
+	for _, c := range bundle {
+		assert.NotEqual(t, compromised, dynamiccert.Fingerprint(c), "the compromised CA is gone from %s", dynamiccert.SecretCAKey)
+	}
+	for _, x := range []*dynamiccert.Authority{a, b} {
+		assert.NotEqual(t, compromised, x.Status().Signing.Fingerprint, "%s no longer signs with the compromised CA", x.ReplicaID())
+	}
+
+	// status agrees: once both replicas announce leaves from the new CA and
+	// the publisher wrote the new bundle, it is healthy again.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, out = cli(t, env, "status", secret, "--webhook", "validating/acted-webhook")
+		if code == exitOK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	require.Equal(t, exitOK, code, "status after the emergency rotation: %s", out)
+}
