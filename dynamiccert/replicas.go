@@ -399,9 +399,9 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 		lease, err = r.write(ctx, base, want, now)
 	}
 	if err != nil {
-		r.mu.Lock()
-		r.own = nil // unknown: the next write starts from a GET or a Create
-		r.mu.Unlock()
+		// own stays: after an outage the next renewal is still one Update
+		// (a write that was committed although it failed here conflicts,
+		// and is read back).
 		return 0, fmt.Errorf("writing replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
 	}
 	r.mu.Lock()
