@@ -384,9 +384,10 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	r.mu.Unlock()
 	lease, err := r.write(ctx, base, want, now)
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
-		// The Lease changed underneath (another writer, a delete, or the
-		// watch showed an older version than the one written): read it
-		// back once and write again. Only here is it read.
+		// The Lease changed underneath (another writer, a delete, a write
+		// committed although its response was lost, or the watch showed an
+		// older version than the one written): read it back. Only here is
+		// it read.
 		current, getErr := r.client.CoordinationV1().Leases(r.namespace).Get(ctx, r.leaseName, metav1.GetOptions{})
 		switch {
 		case getErr == nil:
@@ -396,7 +397,16 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 		default:
 			return 0, fmt.Errorf("reading replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(getErr))
 		}
-		lease, err = r.write(ctx, base, want, now)
+		r.mu.Lock()
+		r.own = base
+		r.mu.Unlock()
+		if !r.writeFailing.Load() {
+			// Write again at once. Not while writes keep failing: then the
+			// next attempt, after the backoff, writes on what was read, so
+			// an attempt costs two requests as it always did (a GET and a
+			// write), never three.
+			lease, err = r.write(ctx, base, want, now)
+		}
 	}
 	if err != nil {
 		// own stays: after an outage the next renewal is still one Update
