@@ -239,6 +239,15 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 		if err != nil {
 			_ = r.report.failed(err)
 			wait = retry.Next(err)
+			if !failing {
+				// While Lease writes fail the issuer reads the Secret with
+				// GETs, not from its watch (secretReads): kick it so that
+				// its checks, which back off less while a successor waits,
+				// fail too and find out when the API server answers again
+				// (then apiBack wakes this loop). Once per failure streak.
+				r.writeFailing.Store(true)
+				kick()
+			}
 		} else {
 			r.report.succeeded()
 			retry.Reset()
