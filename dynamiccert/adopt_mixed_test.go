@@ -36,7 +36,12 @@ func TestAdoptOnOwnLayoutIsNoop(t *testing.T) {
 			waitWaiters(t, clk, 2)
 			assert.Equal(t, ownWrites, writes.Load(), "nothing to adopt, nothing written")
 			assert.Equal(t, before.ResourceVersion, getSecret(t, client).ResourceVersion)
-			require.NoError(t, a.Leaf().CheckSignatureFrom(own.cas.signing.Cert), "the Authority's CA signs")
+			// own's loop may be checking meanwhile (the adopting replica's
+			// Lease kicks it): read its CA under its lock.
+			own.mu.RLock()
+			ownCA := own.cas.signing.Cert
+			own.mu.RUnlock()
+			require.NoError(t, a.Leaf().CheckSignatureFrom(ownCA), "the Authority's CA signs")
 			require.NoError(t, handshakeWith(t, a, before.Data["ca.crt"], clk.Now))
 		})
 	}

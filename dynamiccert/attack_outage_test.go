@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,18 +12,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestAttackAPIOutageKeepsLeafFresh: the API server answers every read of
-// the CA Secret with a 500 for twice the leaf lifetime. The CA this replica
+// the CA Secret with a 500 for twice the leaf lifetime, and the open watch
+// breaks (the Authority reads the Secret from its watch while the watch is
+// healthy; a GET only once it fails). The CA this replica
 // holds (with its key) stays valid throughout, so the served leaf must keep
 // being renewed from it: an API outage longer than a leaf lifetime must not
 // take the serving certificate down with it.
 func TestAttackAPIOutageKeepsLeafFresh(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", nil)
+	lists := interceptSecrets(client, "list", nil)
+	watches := breakableSecretWatches(client)
 	clk := clocktesting.NewFakeClock(testNow)
 	a := attackAuthority(t, client, clk, "attack-outage", nil)
 	runInBackground(t, a.Run)
@@ -30,7 +37,10 @@ func TestAttackAPIOutageKeepsLeafFresh(t *testing.T) {
 	waitBlocked(t, clk)
 	bundle := a.CurrentCABundleContent()
 
-	gets.fail(apierrors.NewInternalError(errors.New("etcdserver: request timed out")))
+	outage := apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+	gets.fail(outage)
+	lists.fail(outage)
+	watches.fail(outage)
 	for range 120 {
 		clk.Step(time.Minute)
 		waitBlocked(t, clk)
@@ -39,6 +49,8 @@ func TestAttackAPIOutageKeepsLeafFresh(t *testing.T) {
 	require.Error(t, a.LastError(), "the outage is still reported")
 
 	gets.fail(nil)
+	lists.fail(nil)
+	watches.fail(nil)
 	waitFor(t, "recovery", func() bool {
 		clk.Step(time.Minute)
 		waitBlocked(t, clk)
@@ -125,4 +137,45 @@ func TestAttackStoreFailureIsVisibleBeforeTheOutage(t *testing.T) {
 	assert.Contains(t, err.Error(), "no successor could be published")
 	assert.Contains(t, err.Error(), "malformed PEM", "the check names the cause")
 	assert.True(t, a.Status().Stalled)
+}
+
+// breakableWatches serves Secret watches from the fake's tracker; fail
+// closes the open ones and refuses new ones with err (nil: accept again).
+type breakableWatches struct {
+	mu   sync.Mutex
+	err  error
+	open []watch.Interface
+}
+
+func breakableSecretWatches(client *fake.Clientset) *breakableWatches {
+	b := &breakableWatches{}
+	client.PrependWatchReactor("secrets", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.err != nil {
+			return true, nil, b.err
+		}
+		var opts metav1.ListOptions
+		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err == nil {
+			b.open = append(b.open, w)
+		}
+		return true, w, err
+	})
+	return b
+}
+
+func (b *breakableWatches) fail(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.err = err
+	if err != nil {
+		for _, w := range b.open {
+			w.Stop()
+		}
+		b.open = nil
+	}
 }

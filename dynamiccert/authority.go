@@ -258,7 +258,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
-	store := &secretStore{cfg: &cfg, src: src, keys: keys}
+	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: &secretReads{src: src}}
 	a := &Authority{cfg: cfg, store: store}
 	store.judge = a.clockSkew
 	a.issuer = newIssuer(issuerConfig{
@@ -275,8 +275,10 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	store.compromised = a.emerg.compromised
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
+		store.reads.apiFailing = a.replicas.writeFailing.Load
 	}
-	src.process = func(*corev1.Secret) error {
+	src.process = func(secret *corev1.Secret) error {
+		store.reads.observed(secret)
 		src.report.succeeded() // an event arrived: the watch works
 		a.Enqueue()
 		return nil
@@ -338,12 +340,12 @@ func (a *Authority) Leaf() *x509.Certificate { return a.currentLeaf() }
 func (a *Authority) RenewAt() time.Time { return a.renewAt() }
 
 // LastError returns the last reconcile error, nil after a successful
-// reconcile. Watch errors are logged (each distinct one once) and counted,
-// but decisions rest on the reconcile's own GET.
+// reconcile. Watch errors are logged (each distinct one once) and counted;
+// while the watch fails, decisions rest on the reconcile's own GET.
 func (a *Authority) LastError() error { return a.report.lastError() }
 
-// RunOnce reads the Secret with a GET, creates or rotates the CA if due,
-// and makes this replica's leaf.
+// RunOnce reads the Secret (with a GET, unless Run's watch holds it
+// current), creates or rotates the CA if due, and makes this replica's leaf.
 func (a *Authority) RunOnce(ctx context.Context) error {
 	_, err := a.check(ctx)
 	return err
@@ -369,8 +371,9 @@ var errWaitingForStore = errors.New("waiting for the CA state to be created")
 type secretStore struct {
 	cfg       *AuthorityConfig
 	src       *secretSource
-	keys      *caKeys     // nil: CA keys are PEM in the Secret
-	waiting   errlog.Once // logs the wait for a pre-created Secret once
+	keys      *caKeys      // nil: CA keys are PEM in the Secret
+	reads     *secretReads // the watch's cache, or a GET (see secretReads)
+	waiting   errlog.Once  // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
 	// compromised, when set, reports a CA marked compromised: it is never
@@ -382,8 +385,9 @@ type secretStore struct {
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
-	// The watch only kicks the issuer (src.process); update reads with a
-	// GET so it always decides on the newest resourceVersion.
+	// The watch kicks the issuer (src.process) and is the cache update
+	// reads from; it falls back to a GET when the cache may be stale (see
+	// secretReads).
 	s.src.run(ctx)
 }
 
@@ -404,7 +408,7 @@ func (s *secretStore) update(ctx context.Context, now time.Time, decide func(*ca
 
 func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
 	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
-	secret, err := secrets.Get(ctx, s.cfg.SecretName, metav1.GetOptions{})
+	secret, err := s.reads.read(ctx, s.cfg.Namespace, s.cfg.SecretName)
 	exists := err == nil
 	switch {
 	case apierrors.IsNotFound(err) && s.cfg.DisableCreate && s.last == nil:
@@ -482,6 +486,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		} else {
 			secret, err = secrets.Update(ctx, updated, metav1.UpdateOptions{})
 		}
+		if err != nil {
+			s.reads.failed() // re-read with a GET
+		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			return nil, err
 		}
@@ -496,6 +503,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err, verbs))
 		}
 		s.lastWrite = secret.ResourceVersion
+		s.reads.wrote(secret)
 		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
 			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored, "adopted", convert)
 	}

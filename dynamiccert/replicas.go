@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -140,12 +141,22 @@ type replicaSet struct {
 	// apiBack is signalled by the issuer when a check succeeds after
 	// failing: the API server answers again (see run).
 	apiBack chan struct{}
+	// writeFailing: the last write of this replica's Lease failed; the
+	// issuer then reads the Secret with a GET rather than from its watch
+	// (secretReads), so its checks find out when the API server answers
+	// again.
+	writeFailing atomic.Bool
 
 	mu      sync.Mutex
 	want    announcement
 	written announcement
 	wroteAt time.Time
-	seen    map[string]*seenLease // by Lease name
+	// own is this replica's Lease as its last write returned it, or as the
+	// watch showed it before this process wrote it; nil when unknown. A
+	// renewal is one Update of it, carrying its resourceVersion: no GET
+	// (issue 22). Never modified: writes work on a copy.
+	own  *coordinationv1.Lease
+	seen map[string]*seenLease // by Lease name
 	// awakeUntil is when the run loop, which wakes at least every third of
 	// the lease duration, is due to wake next; while it works, when it last
 	// woke. Time past it was not spent watching (a paused process, a clock
@@ -232,6 +243,15 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 		if err != nil {
 			_ = r.report.failed(err)
 			wait = retry.Next(err)
+			if !failing {
+				// While Lease writes fail the issuer reads the Secret with
+				// GETs, not from its watch (secretReads): kick it so that
+				// its checks, which back off less while a successor waits,
+				// fail too and find out when the API server answers again
+				// (then apiBack wakes this loop). Once per failure streak.
+				r.writeFailing.Store(true)
+				kick()
+			}
 		} else {
 			r.report.succeeded()
 			retry.Reset()
@@ -241,6 +261,7 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 			r.collect(ctx)
 		}
 		failing = err != nil
+		r.writeFailing.Store(failing)
 		t := r.clock.NewTimer(wait)
 		r.asleep(wait)
 		change, back := r.wantChange, (<-chan struct{})(nil)
@@ -371,13 +392,55 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	if want == written && now.Before(wroteAt.Add(renewEvery)) {
 		return wroteAt.Add(renewEvery).Sub(now), nil
 	}
-	leases := r.client.CoordinationV1().Leases(r.namespace)
-	lease, err := leases.Get(ctx, r.leaseName, metav1.GetOptions{})
-	exists := err == nil
-	if err != nil && !apierrors.IsNotFound(err) {
-		return 0, fmt.Errorf("reading replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
+	r.mu.Lock()
+	base := r.own
+	r.mu.Unlock()
+	lease, err := r.write(ctx, base, want, now)
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
+		// The Lease changed underneath (another writer, a delete, a write
+		// committed although its response was lost, or the watch showed an
+		// older version than the one written): read it back. Only here is
+		// it read.
+		current, getErr := r.client.CoordinationV1().Leases(r.namespace).Get(ctx, r.leaseName, metav1.GetOptions{})
+		switch {
+		case getErr == nil:
+			base = current
+		case apierrors.IsNotFound(getErr):
+			base = nil
+		default:
+			return 0, fmt.Errorf("reading replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(getErr))
+		}
+		r.mu.Lock()
+		r.own = base
+		r.mu.Unlock()
+		if !r.writeFailing.Load() {
+			// Write again at once. Not while writes keep failing: then the
+			// next attempt, after the backoff, writes on what was read, so
+			// an attempt costs two requests as it always did (a GET and a
+			// write), never three.
+			lease, err = r.write(ctx, base, want, now)
+		}
 	}
-	if !exists {
+	if err != nil {
+		// own stays: after an outage the next renewal is still one Update
+		// (a write that was committed although it failed here conflicts,
+		// and is read back).
+		return 0, fmt.Errorf("writing replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
+	}
+	r.mu.Lock()
+	r.written, r.wroteAt, r.own = want, now, lease
+	r.mu.Unlock()
+	return renewEvery, nil
+}
+
+// write writes want into a copy of base (which keeps labels and annotations
+// others set) with an Update carrying base's resourceVersion, or creates
+// the Lease when base is nil, and returns the Lease as written.
+func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want announcement, now time.Time) (*coordinationv1.Lease, error) {
+	var lease *coordinationv1.Lease
+	if base != nil {
+		lease = base.DeepCopy()
+	} else {
 		lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: r.leaseName}}
 	}
 	if lease.Labels == nil {
@@ -399,18 +462,11 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	lease.Spec.HolderIdentity = ptr.To(r.id)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
-	if exists {
-		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
-	} else {
-		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
+	leases := r.client.CoordinationV1().Leases(r.namespace)
+	if base == nil {
+		return leases.Create(ctx, lease, metav1.CreateOptions{})
 	}
-	if err != nil {
-		return 0, fmt.Errorf("writing replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
-	}
-	r.mu.Lock()
-	r.written, r.wroteAt = want, now
-	r.mu.Unlock()
-	return renewEvery, nil
+	return leases.Update(ctx, lease, metav1.UpdateOptions{})
 }
 
 func describeLeaseError(err error) error {
@@ -493,6 +549,9 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 				if s := r.seen[l.Name]; s != nil {
 					s.deleted, s.rv = true, ""
 				}
+				if l.Name == r.leaseName {
+					r.own = nil // the next write creates it
+				}
 				r.mu.Unlock()
 				kick()
 			}
@@ -528,6 +587,11 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if l.Name == r.leaseName && r.own == nil {
+		// This replica's Lease, before this process wrote it (a fixed
+		// ReplicaID, restarted): the first renewal updates it.
+		r.own = l
+	}
 	prev := r.seen[l.Name]
 	if prev != nil && prev.rv == version {
 		return false

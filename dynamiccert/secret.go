@@ -72,6 +72,18 @@ type secretSource struct {
 	// process handles a Secret (nil: deleted) and returns the load error.
 	process func(*corev1.Secret) error
 	mu      sync.Mutex // serializes process
+	// view is the watch's cache of the Secret while run runs, nil
+	// otherwise: the Authority reads it instead of a GET per check.
+	view atomic.Pointer[secretView]
+	// watchFailing: the watch reported an error and no event arrived
+	// since (it backs off or re-lists): the cache may be stale.
+	watchFailing atomic.Bool
+}
+
+// secretView is the informer cache of one Secret source.
+type secretView struct {
+	store  cache.Store
+	synced func() bool
 }
 
 func newSecretSource(cfg SecretConfig) (*secretSource, error) {
@@ -139,9 +151,11 @@ func (s *secretSource) run(ctx context.Context) {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
 			return // the server closed the watch (the reflector re-lists), or we are stopping
 		}
+		s.watchFailing.Store(true)
 		_ = s.report.failed(fmt.Errorf("watching secret %s: %w", s.key, describeAPIError(err, readVerbs)))
 	})
 	onChange := func(obj any) {
+		s.watchFailing.Store(false)
 		if secret, ok := obj.(*corev1.Secret); ok {
 			_ = s.handle(secret)
 		}
@@ -149,8 +163,14 @@ func (s *secretSource) run(ctx context.Context) {
 	_, _ = informer.AddEventHandlerWithOptions(cache.ResourceEventHandlerFuncs{
 		AddFunc:    onChange,
 		UpdateFunc: func(_, obj any) { onChange(obj) },
-		DeleteFunc: func(any) { _ = s.handle(nil) },
+		DeleteFunc: func(any) {
+			s.watchFailing.Store(false)
+			_ = s.handle(nil)
+		},
 	}, cache.HandlerOptions{})
+	view := &secretView{store: informer.GetStore(), synced: informer.HasSynced}
+	s.view.Store(view)
+	defer s.view.CompareAndSwap(view, nil)
 	informer.RunWithContext(ctx)
 }
 

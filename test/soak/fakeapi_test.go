@@ -127,6 +127,9 @@ type fakeAPI struct {
 	calls  atomic.Int64 // every request evercert made (watches included)
 	mu     sync.Mutex
 	byVerb map[string]int64 // "verb resource"
+	// renewals counts the Lease updates that change neither labels nor
+	// annotations (only renewTime moves): the cost at rest.
+	renewals atomic.Int64
 
 	fault     atomic.Pointer[apiFault]
 	faultHits atomic.Int64
@@ -177,6 +180,9 @@ func newFakeAPI(objects ...runtime.Object) *fakeAPI {
 	})
 	cs.PrependReactor("*", "*", func(action clienttesting.Action) (bool, runtime.Object, error) {
 		api.count(action)
+		if api.isRenewal(action) {
+			api.renewals.Add(1)
+		}
 		f := api.fault.Load()
 		if f == nil || !f.matches(action) {
 			return false, nil, nil
@@ -197,6 +203,38 @@ func (a *fakeAPI) count(action clienttesting.Action) {
 	a.mu.Lock()
 	a.byVerb[action.GetVerb()+" "+action.GetResource().Resource]++
 	a.mu.Unlock()
+}
+
+// isRenewal reports whether action updates a Lease without changing its
+// labels or annotations.
+func (a *fakeAPI) isRenewal(action clienttesting.Action) bool {
+	u, ok := action.(clienttesting.UpdateAction)
+	if !ok || action.GetResource().Resource != "leases" {
+		return false
+	}
+	l, ok := u.GetObject().(*coordinationv1.Lease)
+	if !ok {
+		return false
+	}
+	stored, err := a.tracker.Get(leasesGVR, l.Namespace, l.Name)
+	if err != nil {
+		return false
+	}
+	s := stored.(*coordinationv1.Lease)
+	return maps.Equal(s.Annotations, l.Annotations) && maps.Equal(s.Labels, l.Labels)
+}
+
+// nonWatch returns the requests other than watches so far.
+func (a *fakeAPI) nonWatch() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var n int64
+	for k, v := range a.byVerb {
+		if !strings.HasPrefix(k, "watch ") {
+			n += v
+		}
+	}
+	return n
 }
 
 // requests returns the count of one "verb resource".

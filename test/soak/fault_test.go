@@ -41,6 +41,10 @@ type scenario struct {
 	// knownIssue, when set, names a failure of the implementation this
 	// scenario reproduces; it runs only with -soak.known-issues.
 	knownIssue string
+	// maxCycles, when positive, caps the cycles of a costly scenario.
+	maxCycles int
+	// skip, when set, skips the scenario.
+	skip string
 }
 
 // TestSoakFaults proves observed CA rotation under faults, running the real
@@ -79,6 +83,12 @@ func TestSoakFaults(t *testing.T) {
 func runScenario(t *testing.T, sc scenario, cycles int, tot *totals) {
 	if sc.knownIssue != "" && !*knownIssues {
 		t.Skipf("known issue, run with -soak.known-issues: %s", sc.knownIssue)
+	}
+	if sc.skip != "" {
+		t.Skip(sc.skip)
+	}
+	if sc.maxCycles > 0 {
+		cycles = min(cycles, sc.maxCycles)
 	}
 	p := defaultParams()
 	if sc.params != nil {
@@ -217,6 +227,7 @@ func faultScenarios() []scenario {
 		apiFaultScenario("api-lost-response", lostResponseFault),
 		apiFaultScenario("api-conflict", conflictFault),
 
+		scaleScenario(),
 		{name: "competing-writer", cycle: competingWriterCycle},
 		{name: "webhook-unwritable", cycle: webhookUnwritableCycle},
 
