@@ -19,7 +19,7 @@ build:
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
 ## rules, the recipes (controller-runtime, gRPC), the nested modules
 ## (controllerruntime, migrations, deploy manifests and images).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-e2e soak-short
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-e2e test-budget-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool).
 deps:
