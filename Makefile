@@ -17,9 +17,10 @@ build:
 
 ## test: everything CI runs (unit with -race, the allocation checks, end-to-end
 ## against a real kube-apiserver, short soak, FIPS 140-3 mode, the alert
-## rules, the recipes (controller-runtime, gRPC), the CLI, the nested modules
-## (controllerruntime, migrations, deploy manifests and images, PKCS#11).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-cli test-hsm test-e2e soak-short
+## rules, the recipes (controller-runtime, gRPC), the CLI, the API budget on
+## a real kube-apiserver, the nested modules (controllerruntime, migrations,
+## deploy manifests and images, PKCS#11).
+test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-cli test-hsm test-budget-e2e test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool, softhsm2).
 deps:
