@@ -175,7 +175,8 @@ func ClockSkew(provider string, started bool) {
 // all lists every evercert collector.
 func all() []metrics.Registerable {
 	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers, clockSkew,
-		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified}
+		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified,
+		replicaAnnouncementsRejected}
 }
 
 // Gatherer gathers evercert's own metrics only. Gathering the whole
