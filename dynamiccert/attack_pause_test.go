@@ -47,7 +47,8 @@ func (f *fakeReplica) renew(a *Authority) {
 	l, err := leases.Get(context.Background(), f.name, metav1.GetOptions{})
 	require.NoError(f.t, err)
 	f.n++
-	l.Spec.RenewTime = &metav1.MicroTime{Time: f.clk.Now().Add(time.Duration(f.n))}
+	l.Spec.RenewTime = &metav1.MicroTime{Time: f.clk.Now().Add(time.Duration(f.n) * time.Microsecond)}
+	signAsReplica(f.t, f.client, l, f.clk.Now())
 	l, err = leases.Update(context.Background(), l, metav1.UpdateOptions{})
 	require.NoError(f.t, err)
 	want := l.ResourceVersion + "/" + l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)

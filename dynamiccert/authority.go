@@ -260,7 +260,13 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: &secretReads{src: src}}
 	a := &Authority{cfg: cfg, store: store}
-	store.judge = a.clockSkew
+	store.judge = func(st *caSet, now time.Time) (string, bool) {
+		if a.replicas != nil {
+			// Announced leaves must chain to a CA of the Secret as read.
+			a.replicas.setRoots(st)
+		}
+		return a.clockSkew(st, now)
+	}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,

@@ -86,7 +86,12 @@
 //     by when a renewal was seen on the observer's clock, never by the
 //     writer's timestamps, and time the observer itself was paused does
 //     not count. A Lease not renewed for ten lease durations is deleted by
-//     the replicas that remain.
+//     the replicas that remain. Announcements are signed with the key of
+//     the leaf the replica serves (AuthoritySignatureAnnotation); one that
+//     is unsigned, forged (a bad signature, or a leaf that does not chain
+//     to a CA in the Secret), replayed (older than the last believed) or
+//     garbled is ignored, counted and logged once, so writing Leases is not
+//     enough to confirm a successor or to hold one back for ever.
 //
 // Status reports the phase: the signing CA, the Successor with the time it
 // was published, when its minimum delay ends and the observers still

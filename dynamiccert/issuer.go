@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -360,8 +361,9 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	}
 	var leafSerial string
 	var leafPEM []byte
+	var leafKey crypto.Signer
 	if i.leaf != nil { // none yet while the clock is skewed
-		leafSerial, leafPEM = serial(i.leaf.Cert), leafCertPEM(i.leaf.Cert)
+		leafSerial, leafPEM, leafKey = serial(i.leaf.Cert), leafCertPEM(i.leaf.Cert), i.leaf.Key
 	}
 	i.mu.Unlock()
 
@@ -379,7 +381,7 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 				trusted = append(trusted, Fingerprint(c))
 			}
 		}
-		i.replicas.announce(trusted, bundle, leafSerial, leafPEM)
+		i.replicas.announce(trusted, bundle, leafSerial, leafPEM, leafKey)
 	}
 	i.updateStatus(st, now)
 	if changed {

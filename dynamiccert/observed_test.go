@@ -213,7 +213,8 @@ func TestAuthorityWaitsForLiveReplicas(t *testing.T) {
 	renew := func() {
 		l, err := leases.Get(context.Background(), "ca-stuck", metav1.GetOptions{})
 		require.NoError(t, err)
-		l.Spec.RenewTime = &metav1.MicroTime{Time: clk.Now().Add(time.Duration(renewals.Add(1)))}
+		l.Spec.RenewTime = &metav1.MicroTime{Time: clk.Now().Add(time.Duration(renewals.Add(1)) * time.Microsecond)}
+		signAsReplica(t, client, l, clk.Now())
 		_, err = leases.Update(context.Background(), l, metav1.UpdateOptions{})
 		require.NoError(t, err)
 	}

@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"context"
+	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/errlog"
 )
 
 // Labels and annotations of the Lease each Authority replica announces
@@ -71,7 +73,10 @@ type announcement struct {
 	clocksAhead string
 }
 
-// seenLease is another (or this) replica's announcement as last seen, and
+// seenLease is another (or this) replica's announcement as last believed
+// (see AuthoritySignatureAnnotation: only signed announcements whose leaf
+// chains to a CA in the Secret, and that are not older than the last one
+// believed for the Lease, are), and
 // when this process saw it change, on its own clock: liveness is judged by
 // when a renewal was observed, never by the writer's timestamps, so clocks
 // that disagree cannot make a live replica look dead or the reverse.
@@ -122,6 +127,7 @@ type replicaSet struct {
 	client    kubernetes.Interface
 	namespace string
 	authority string // the CA Secret's name
+	provider  string // the Authority's name, for metrics
 	id        string
 	leaseName string
 	duration  time.Duration
@@ -147,10 +153,18 @@ type replicaSet struct {
 	// again.
 	writeFailing atomic.Bool
 
-	mu      sync.Mutex
-	want    announcement
+	mu   sync.Mutex
+	want announcement
+	// wantKey is the private key of the leaf in want, which signs the
+	// announcement; nil when there is no leaf (nothing is signed then, and
+	// the other replicas do not believe the announcement).
+	wantKey crypto.Signer
 	written announcement
 	wroteAt time.Time
+	// renewedAt is the renewTime last written, at the microsecond
+	// precision the API server stores: the next one is later, so every
+	// write is newer than the last to the replicas that judge replays.
+	renewedAt time.Time
 	// own is this replica's Lease as its last write returned it, or as the
 	// watch showed it before this process wrote it; nil when unknown. A
 	// renewal is one Update of it, carrying its resourceVersion: no GET
@@ -171,20 +185,38 @@ type replicaSet struct {
 	// too, while an emergency rotation waits for every replica to serve a
 	// successor leaf (emergency.flush); otherwise it matters to nothing.
 	leafWatched bool
+
+	// What announcements are believed (announce_sign.go). roots are the
+	// CAs of the Secret as last read (rootsKnown: read at least once; an
+	// announcement seen before waits in held); rootsGen counts their
+	// changes. marks is the last announcement believed per Lease,
+	// judgedVersion the version (see observe) last judged per Lease, so a
+	// relist does not count a rejection again; rejectLog logs each
+	// rejection once per Lease and reason.
+	roots         []*x509.Certificate
+	rootsKnown    bool
+	rootsGen      uint64
+	marks         map[string]announcementMark
+	held          map[string]heldLease
+	judgedVersion map[string]string
+	rejectLog     errlog.ByKey
 }
 
 func newReplicaSet(client kubernetes.Interface, namespace, authority, id, providerName string, duration, skew time.Duration, clk clock.WithTicker) *replicaSet {
 	name := replicaLeaseName(authority, id)
 	reportName := providerName + "/replica-announcement"
 	return &replicaSet{
-		client: client, namespace: namespace, authority: authority, id: id, leaseName: name,
+		client: client, namespace: namespace, authority: authority, provider: providerName, id: id, leaseName: name,
 		duration: duration, skew: skew, clock: clk, report: newReporter(reportName, nil, nil), watchReport: newReporter(reportName, nil, nil),
 		wantChange: make(chan struct{}, 1), apiBack: make(chan struct{}, 1), seen: map[string]*seenLease{},
+		marks: map[string]announcementMark{}, held: map[string]heldLease{}, judgedVersion: map[string]string{},
 	}
 }
 
-// announce sets what this replica announces; the run loop writes it.
-func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte) {
+// announce sets what this replica announces; the run loop writes it,
+// signed with leafKey, the private key of the leaf leafPEM (nil without a
+// leaf).
+func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte, leafKey crypto.Signer) {
 	slices.Sort(trusted)
 	sum := sha256.Sum256(bundle)
 	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM)}
@@ -192,7 +224,7 @@ func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string
 	r.mu.Lock()
 	a.clocksAhead = strings.Join(r.clocksLocked(now).ahead, ",")
 	changed := a != r.want
-	r.want = a
+	r.want, r.wantKey = a, leafKey
 	r.mu.Unlock()
 	if changed {
 		select {
@@ -353,6 +385,7 @@ func (r *replicaSet) collect(ctx context.Context) {
 		switch {
 		case l.deleted && !now.Before(l.observedAt.Add(l.duration+unseen)):
 			delete(r.seen, name) // gone, and no longer waited for
+			r.forgetAnnouncementLocked(name)
 		case !l.deleted && !r.collectForbidden && name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration+unseen)):
 			dead = append(dead, gone{name, l.version})
 		}
@@ -384,7 +417,7 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	now := r.clock.Now()
 	renewEvery := r.duration / 3
 	r.mu.Lock()
-	want, written, wroteAt := r.want, r.written, r.wroteAt
+	want, key, written, wroteAt, renewedAt := r.want, r.wantKey, r.written, r.wroteAt, r.renewedAt
 	r.mu.Unlock()
 	if want == (announcement{}) {
 		return renewEvery, nil // nothing loaded yet
@@ -395,7 +428,14 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
 	base := r.own
 	r.mu.Unlock()
-	lease, err := r.write(ctx, base, want, now)
+	// The API server keeps renewTime to the microsecond. Two writes within
+	// one (an announcement that changed twice at once) still get
+	// increasing renewTimes, or the second would look like a replay.
+	renew := now.Truncate(time.Microsecond)
+	if !renew.After(renewedAt) && renewedAt.Sub(renew) < time.Millisecond {
+		renew = renewedAt.Add(time.Microsecond)
+	}
+	lease, err := r.write(ctx, base, want, key, renew)
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
 		// The Lease changed underneath (another writer, a delete, a write
 		// committed although its response was lost, or the watch showed an
@@ -418,7 +458,7 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 			// next attempt, after the backoff, writes on what was read, so
 			// an attempt costs two requests as it always did (a GET and a
 			// write), never three.
-			lease, err = r.write(ctx, base, want, now)
+			lease, err = r.write(ctx, base, want, key, renew)
 		}
 	}
 	if err != nil {
@@ -428,15 +468,16 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("writing replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(err))
 	}
 	r.mu.Lock()
-	r.written, r.wroteAt, r.own = want, now, lease
+	r.written, r.wroteAt, r.own, r.renewedAt = want, now, lease, renew
 	r.mu.Unlock()
 	return renewEvery, nil
 }
 
-// write writes want into a copy of base (which keeps labels and annotations
-// others set) with an Update carrying base's resourceVersion, or creates
-// the Lease when base is nil, and returns the Lease as written.
-func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want announcement, now time.Time) (*coordinationv1.Lease, error) {
+// write writes want, renewed at now and signed with key (unsigned when key
+// is nil), into a copy of base (which keeps labels and annotations others
+// set) with an Update carrying base's resourceVersion, or creates the
+// Lease when base is nil, and returns the Lease as written.
+func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want announcement, key crypto.Signer, now time.Time) (*coordinationv1.Lease, error) {
 	var lease *coordinationv1.Lease
 	if base != nil {
 		lease = base.DeepCopy()
@@ -462,6 +503,12 @@ func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want
 	lease.Spec.HolderIdentity = ptr.To(r.id)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	delete(lease.Annotations, AuthoritySignatureAnnotation)
+	if key != nil {
+		if err := signAnnouncement(lease, key); err != nil {
+			return nil, err
+		}
+	}
 	leases := r.client.CoordinationV1().Leases(r.namespace)
 	if base == nil {
 		return leases.Create(ctx, lease, metav1.CreateOptions{})
@@ -548,7 +595,11 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 				r.mu.Lock()
 				if s := r.seen[l.Name]; s != nil {
 					s.deleted, s.rv = true, ""
+				} else {
+					r.forgetAnnouncementLocked(l.Name) // never believed
 				}
+				delete(r.held, l.Name)
+				delete(r.judgedVersion, l.Name)
 				if l.Name == r.leaseName {
 					r.own = nil // the next write creates it
 				}
@@ -561,7 +612,24 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 }
 
 // observe records a Lease and reports whether what it announces changed.
+// Only an announcement that is believed (see judgeLocked) is recorded:
+// one that is not leaves the last one believed for the Lease in place,
+// ageing out as if the replica had stopped renewing.
 func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l.Name == r.leaseName && r.own == nil {
+		// This replica's Lease, before this process wrote it (a fixed
+		// ReplicaID, restarted): the first renewal updates it.
+		r.own = l
+	}
+	return r.observeLocked(l, now)
+}
+
+// observeLocked is observe with r.mu held; seenAt is when this process saw
+// l (before now for a Lease held until the Secret was read).
+func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bool {
 	holder := l.Name
 	if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
 		holder = *l.Spec.HolderIdentity
@@ -584,23 +652,27 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 	if l.Spec.RenewTime != nil {
 		version += "/" + l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
 	}
-	now := r.clock.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if l.Name == r.leaseName && r.own == nil {
-		// This replica's Lease, before this process wrote it (a fixed
-		// ReplicaID, restarted): the first renewal updates it.
-		r.own = l
-	}
 	prev := r.seen[l.Name]
-	if prev != nil && prev.rv == version {
+	if prev != nil && prev.rv == version || r.judgedVersion[l.Name] == version {
 		return false
 	}
-	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: now, duration: duration,
-		leaf: parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation]), clocksAhead: ahead, firstSeen: prev == nil}
-	if l.Spec.RenewTime != nil {
-		s.delta, s.hasDelta = l.Spec.RenewTime.Sub(now), true
+	v := r.judgeLocked(l)
+	if v.rejected != nil {
+		r.judgedVersion[l.Name] = version
+		if v.rejected.hold {
+			r.held[l.Name] = heldLease{lease: l, seenAt: seenAt}
+		} else {
+			delete(r.held, l.Name)
+		}
+		r.rejectLocked(l, v.rejected)
+		return false
 	}
+	delete(r.held, l.Name)
+	delete(r.judgedVersion, l.Name)
+	r.marks[l.Name] = announcementMark{renew: v.renew, notBefore: v.leaf.NotBefore, sig: v.sig, leafRaw: v.leaf.Raw, chainedGen: r.rootsGen}
+	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: seenAt, duration: duration,
+		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil}
+	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s
 	// What the issuer decides on changed: what the replica trusts, or how
 	// its clock compares with ours (see clocksLocked), or is known again
