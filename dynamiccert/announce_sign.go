@@ -15,7 +15,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -285,6 +288,13 @@ func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
 	if !r.rootsKnown {
 		return verdict{rejected: &rejection{hold: true}}
 	}
+	// A leaf for this Authority's own names: the Authority's CA also signs
+	// leaves for others (podcert's PodCertificateRequests, SignLeaf), and
+	// their holders must not confirm anything for its replicas.
+	if r.names != "" && leafNames(leaf.DNSNames, leaf.IPAddresses) != r.names {
+		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementForged,
+			err: fmt.Errorf("the announced leaf (serial %s) is for %s, not for this Authority's names %s", serial(leaf), leafNames(leaf.DNSNames, leaf.IPAddresses), r.names)}}
+	}
 	// Chains to a CA in the Secret, by signature only: validity periods are
 	// not checked here (clock skew is judged elsewhere, from believed
 	// announcements only), and a leaf needs no intermediates.
@@ -323,4 +333,21 @@ func (r *replicaSet) forgetAnnouncementLocked(name string) {
 	for _, reason := range []string{certmetrics.AnnouncementForged, certmetrics.AnnouncementReplayed, certmetrics.AnnouncementGarbled, certmetrics.AnnouncementUnsigned} {
 		r.rejectLog.Forget(name + "\x00" + reason)
 	}
+}
+
+// leafNames is the canonical form of a serving leaf's subject alternative
+// names, which every replica of one Authority issues its leaves for: sorted,
+// lower-cased DNS names, then sorted IP addresses.
+func leafNames(dnsNames []string, ips []net.IP) string {
+	names := make([]string, 0, len(dnsNames))
+	for _, n := range dnsNames {
+		names = append(names, strings.ToLower(n))
+	}
+	slices.Sort(names)
+	addrs := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		addrs = append(addrs, ip.String())
+	}
+	slices.Sort(addrs)
+	return "[" + strings.Join(names, " ") + "] [" + strings.Join(addrs, " ") + "]"
 }

@@ -356,3 +356,38 @@ func TestAnnouncementSignatureKeyTypes(t *testing.T) {
 	sig, _ := base64.StdEncoding.DecodeString(l.Annotations[AuthoritySignatureAnnotation])
 	require.NoError(t, verifyAnnouncementSignature(ec.Public(), announcementMessage(l), sig))
 }
+
+// TestAnnouncementFromAnotherLeafOfTheCADoesNotPromote: the Authority's CA
+// also signs leaves for others (podcert's PodCertificateRequests go through
+// SignLeaf). A pod holding such a leaf, with its key, and allowed to write
+// Leases, signs r1's announcement claiming r1 trusts the successor. The
+// leaf chains to the CA in the Secret and the signature verifies, but the
+// leaf is not for this Authority's names: it must not confirm anything.
+func TestAnnouncementFromAnotherLeafOfTheCADoesNotPromote(t *testing.T) {
+	w := newSignWorld(t, 2)
+	w.gates[1].close(t, w.replicas[1].CurrentCABundleContent())
+	fp := w.untilSuccessor()
+	var delayEnds time.Time
+	for _, a := range w.replicas {
+		if s := a.Status().Successor; s != nil && s.SignsNoEarlierThan.After(delayEnds) {
+			delayEnds = s.SignsNoEarlierThan
+		}
+	}
+	podKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	pod, err := w.replicas[0].SignLeaf(LeafRequest{PublicKey: podKey.Public(), CommonName: "pod", DNSNames: []string{"pod.ns.svc"}, Lifetime: time.Hour})
+	require.NoError(t, err, "a leaf for a pod from the Authority's signing CA")
+	for w.clk.Now().Before(delayEnds.Add(5 * time.Minute)) {
+		w.step(5 * time.Second)
+		w.overwrite("r1", func(l *coordinationv1.Lease) {
+			l.Annotations[AuthorityTrustedCAsAnnotation] = strings.Join(append(strings.Split(l.Annotations[AuthorityTrustedCAsAnnotation], ","), fp), ",")
+			l.Spec.RenewTime = &metav1.MicroTime{Time: w.clk.Now()}
+			l.Annotations[AuthorityLeafAnnotation] = string(pod.CertPEM)
+			l.Annotations[AuthorityLeafSerialAnnotation] = serial(pod.Cert)
+			require.NoError(t, signAnnouncement(l, podKey))
+		})
+		require.False(t, w.signedBy(fp), "the successor signed on an announcement signed with a pod's leaf, before replica r1's consumers held it")
+		require.Contains(t, w.replicas[0].Status().Successor.Pending, "replica/r1")
+	}
+	require.Positive(t, rejected(t, w.replicas[0], certmetrics.AnnouncementForged), "announcements signed with another leaf of the CA are counted as forged")
+}

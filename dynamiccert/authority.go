@@ -282,6 +282,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 		store.reads.apiFailing = a.replicas.writeFailing.Load
+		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
 	}
 	src.process = func(secret *corev1.Secret) error {
 		store.reads.observed(secret)

@@ -193,6 +193,9 @@ type replicaSet struct {
 	// judgedVersion the version (see observe) last judged per Lease, so a
 	// relist does not count a rejection again; rejectLog logs each
 	// rejection once per Lease and reason.
+	// names is leafNames of this Authority's leaves: an announced leaf for
+	// other names is not believed (set by NewAuthority; "" checks none).
+	names         string
 	roots         []*x509.Certificate
 	rootsKnown    bool
 	rootsGen      uint64
