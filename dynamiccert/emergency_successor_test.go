@@ -15,16 +15,7 @@ import (
 // compromised CA's: whoever read tls.key read next.key too. The emergency
 // rotation must make a new successor (issue 21 §2: "a successor is made
 // and published at once"), not promote that one.
-//
-// Reproduces a defect found in review and NOT fixed here (see the review
-// report): emergency.decide (emergency.go, "if cs.next == nil && (isSigning
-// || isNext)") keeps a successor that was pending before the mark and
-// promotes it. Remove the Skip to reproduce; a fix needs a durable record,
-// in the Secret, of the successor made for the mark and of a dropped one
-// (secretStore.restore on another replica would write a dropped successor
-// back to ca.crt otherwise).
 func TestEmergencyDoesNotPromoteSuccessorPublishedBeforeTheMark(t *testing.T) {
-	t.Skip("review finding, not fixed: the emergency promotes a successor published before the mark")
 	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(testNow)
 	w := newOpsWorld(t, "emergency-pending-successor", client, clk)
