@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,7 +21,25 @@ import (
 type operatorRequests struct {
 	rotateRequested, rotateHandled          string
 	compromised, reason, markedAt, cHandled string
+	// successor and dropped are the Authority's own record of an emergency
+	// (see emergency.decide): the successor made after the mark, and the
+	// successors that were pending before it and were dropped.
+	successor string
+	dropped   []string
 }
+
+// Annotations the Authority keeps about an emergency rotation, beside the
+// operator's: emergencySuccessorAnnotation is the Fingerprint of the
+// successor made after the current mark; emergencyDroppedAnnotation lists
+// (comma-separated) the successors that were pending when a signing CA was
+// marked compromised. Their keys were kept where the compromised CA's was
+// (next.key beside tls.key, or the same key store), so they never sign and
+// leave ca.crt at once; every replica reads this list, so none writes one
+// back (secretStore.restore).
+const (
+	emergencySuccessorAnnotation = "evercert.io/compromised-successor"
+	emergencyDroppedAnnotation   = "evercert.io/compromised-dropped-successors"
+)
 
 func parseOperatorRequests(s *corev1.Secret) operatorRequests {
 	a := s.Annotations
@@ -28,13 +47,24 @@ func parseOperatorRequests(s *corev1.Secret) operatorRequests {
 		rotateRequested: a[RotateRequestedAnnotation], rotateHandled: a[RotateHandledAnnotation],
 		compromised: a[CompromisedCAAnnotation], reason: a[CompromisedReasonAnnotation],
 		markedAt: a[CompromisedAtAnnotation], cHandled: a[CompromisedHandledAnnotation],
+		successor: a[emergencySuccessorAnnotation], dropped: splitList(a[emergencyDroppedAnnotation]),
 	}
+}
+
+func splitList(v string) []string {
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
 }
 
 // writeOperatorHandled records in s what the Authority acted on. The
 // requests themselves are the operator's and are never touched.
 func writeOperatorHandled(ops operatorRequests, s *corev1.Secret) {
-	for k, v := range map[string]string{RotateHandledAnnotation: ops.rotateHandled, CompromisedHandledAnnotation: ops.cHandled} {
+	for k, v := range map[string]string{
+		RotateHandledAnnotation: ops.rotateHandled, CompromisedHandledAnnotation: ops.cHandled,
+		emergencySuccessorAnnotation: ops.successor, emergencyDroppedAnnotation: strings.Join(ops.dropped, ","),
+	} {
 		if v == "" {
 			continue
 		}
@@ -119,7 +149,7 @@ func (e *emergency) compromised(ops operatorRequests, c *x509.Certificate) bool 
 		return false
 	}
 	fp := Fingerprint(c)
-	if fp == ops.compromised {
+	if fp == ops.compromised || slices.Contains(ops.dropped, fp) {
 		return true
 	}
 	e.mu.Lock()
@@ -188,11 +218,23 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 		cs.next, changed = nil, true
 		cs.bundle = slices.DeleteFunc(cs.bundle, bad.Equal)
 	}
+	if isSigning && cs.next != nil && Fingerprint(cs.next.Cert) != cs.ops.successor {
+		// A successor pending before the mark (on schedule, or on a rotate
+		// request) had its key where the compromised CA's was: next.key
+		// beside tls.key, or the same key store. Whoever took one may hold
+		// the other, so it never signs: out of ca.crt at once (it signed
+		// nothing) and recorded, so that no replica writes it back, and a
+		// new one in its place (issue 21: "a successor is made").
+		bad := cs.next.Cert
+		cs.next, changed = nil, true
+		cs.bundle = slices.DeleteFunc(cs.bundle, bad.Equal)
+		cs.ops.dropped = append(slices.Clone(cs.ops.dropped), Fingerprint(bad))
+	}
 	if cs.next == nil && (isSigning || isNext) {
 		if err := e.publish(cs, now); err != nil {
 			return false, err
 		}
-		changed = true
+		cs.ops.successor, changed = Fingerprint(cs.next.Cert), true
 		e.note(emergencyPublished, corev1.EventTypeWarning, ReasonEmergencyCARotation, fmt.Sprintf("CA %s marked compromised (%s): successor CA %q published; it signs as soon as every observer confirms it",
 			short(fp), cs.ops.reason, cs.next.Cert.Subject.CommonName))
 	}
