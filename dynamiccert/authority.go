@@ -414,6 +414,10 @@ func (s *secretStore) update(ctx context.Context, now time.Time, decide func(*ca
 }
 
 func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
+	// mayReference: the Secret may now reference the CA keys decide made
+	// in a key store; when it may not, they are deleted (caKeys.settle).
+	mayReference := false
+	defer func() { s.keys.settle(ctx, mayReference) }()
 	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
 	secret, err := s.reads.read(ctx, s.cfg.Namespace, s.cfg.SecretName)
 	exists := err == nil
@@ -488,6 +492,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		if exists && updated.Type == corev1.SecretTypeTLS && st.signing.KeyRef != "" {
 			updated.Data[corev1.TLSPrivateKeyKey] = []byte{} // required by the type, never the key
 		}
+		mayReference = true // sent: it may commit even if its answer is lost
 		if !exists {
 			secret, err = secrets.Create(ctx, updated, metav1.CreateOptions{})
 		} else {
@@ -497,6 +502,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 			s.reads.failed() // re-read with a GET
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			mayReference = false // refused: nothing was written
 			return nil, err
 		}
 		if err != nil && ctx.Err() != nil {

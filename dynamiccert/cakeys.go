@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/internal/pki"
@@ -44,6 +45,22 @@ type CAKeySource interface {
 	FindKey(ctx context.Context, ref string) (crypto.Signer, error)
 }
 
+// CAKeyDeleter is implemented by a CAKeySource that can delete keys. The
+// Authority then deletes each key it made for a CA that never reached the
+// Secret because another replica wrote first (a Conflict or AlreadyExists,
+// so the write certainly did not commit): at R replicas reaching a
+// rotation at once, up to R-1 such keys per CA made, which would otherwise
+// fill a key store whose objects are few (some HSMs hold a few hundred).
+// A key whose write failed otherwise (a timeout: the write may have
+// committed) is kept, and so are the keys of CAs that left the Secret
+// (another replica may still sign with one until it reads the Secret);
+// remove those with the store's own tools.
+type CAKeyDeleter interface {
+	// DeleteKey deletes the key ref names. A key that is already gone is
+	// not an error.
+	DeleteKey(ctx context.Context, ref string) error
+}
+
 // DefaultCAKeyTimeout bounds every call to a CAKeySource and every
 // signature with one of its keys (AuthorityConfig.CAKeyTimeout).
 const DefaultCAKeyTimeout = 10 * time.Second
@@ -63,6 +80,9 @@ type caKeys struct {
 
 	mu    sync.Mutex
 	found map[string]crypto.Signer // by reference, bounded
+	// made are the references of the keys made since the last settle:
+	// during one read-decide-write of the Secret.
+	made []string
 }
 
 func newCAKeys(src CAKeySource, timeout time.Duration, clk clock.Clock) *caKeys {
@@ -89,8 +109,41 @@ func (k *caKeys) newKey(kt pki.KeyType) (crypto.Signer, string, error) {
 	s := k.wrap(key, ref)
 	k.mu.Lock()
 	k.found[ref] = s
+	k.made = append(k.made, ref)
 	k.mu.Unlock()
 	return s, ref, nil
+}
+
+// settle ends one read-decide-write of the Secret. written reports whether
+// the Secret may now reference the keys made during it (a write was sent
+// and did not fail with a Conflict or AlreadyExists); when it may not, they
+// are deleted from a store that can (CAKeyDeleter). A failed delete is
+// logged: the key is left behind, nothing else breaks.
+func (k *caKeys) settle(ctx context.Context, written bool) {
+	if k == nil {
+		return
+	}
+	k.mu.Lock()
+	made := k.made
+	k.made = nil
+	if !written {
+		for _, ref := range made {
+			delete(k.found, ref)
+		}
+	}
+	k.mu.Unlock()
+	deleter, ok := k.src.(CAKeyDeleter)
+	if written || !ok {
+		return
+	}
+	for _, ref := range made {
+		_, err := bounded(k, fmt.Sprintf("deleting CA key %q", ref), func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, deleter.DeleteKey(ctx, ref)
+		})
+		if err != nil {
+			klog.FromContext(ctx).Info("Could not delete a CA key made for a Secret write that another replica won; it stays in the key store", "keyStore", k.src.Name(), "key", ref, "err", err)
+		}
+	}
 }
 
 // find returns the key ref names, from the cache or the store.

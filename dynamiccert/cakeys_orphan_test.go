@@ -24,6 +24,7 @@ import (
 // memKeys is an in-memory CAKeySource that remembers every key it made.
 type memKeys struct {
 	mu   sync.Mutex
+	n    int
 	keys map[string]crypto.Signer
 }
 
@@ -36,9 +37,17 @@ func (m *memKeys) NewKey(context.Context, KeyType) (crypto.Signer, string, error
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ref := fmt.Sprintf("key-%d", len(m.keys))
+	ref := fmt.Sprintf("key-%d", m.n)
+	m.n++
 	m.keys[ref] = k
 	return k, ref, nil
+}
+
+func (m *memKeys) DeleteKey(_ context.Context, ref string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.keys, ref)
+	return nil
 }
 
 func (m *memKeys) FindKey(_ context.Context, ref string) (crypto.Signer, error) {
@@ -52,14 +61,10 @@ func (m *memKeys) FindKey(_ context.Context, ref string) (crypto.Signer, error) 
 
 // TestLostWriteLeavesNoKeyInTheStore: a CA whose Secret write loses to
 // another replica (here: the Create finds the Secret already created, as
-// when two replicas start together) never reaches the Secret; its key in
-// the key store is referenced by nothing and nothing ever deletes it.
-//
-// Reproduces a defect found in review and NOT fixed here (CAKeySource has
-// no way to delete a key; see the review report). Remove the Skip to
-// reproduce.
+// when two replicas start together) never reaches the Secret; its key,
+// made in a key store that can delete (CAKeyDeleter), is deleted, so lost
+// races do not fill the store. Before, nothing ever deleted it.
 func TestLostWriteLeavesNoKeyInTheStore(t *testing.T) {
-	t.Skip("review finding, not fixed: CA keys made for a lost write (and of CAs that left the Secret) stay in the key store forever")
 	client := fake.NewClientset()
 	var lost atomic.Bool
 	client.PrependReactor("create", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
@@ -80,6 +85,8 @@ func TestLostWriteLeavesNoKeyInTheStore(t *testing.T) {
 	require.NoError(t, err)
 	store.mu.Lock()
 	defer store.mu.Unlock()
+	require.Equal(t, 2, store.n, "a key for the lost write, then one for the write that won")
+	require.Len(t, store.keys, 1, "the key made for the lost write is deleted")
 	for ref := range store.keys {
 		require.Equal(t, ref, string(s.Data[AuthorityKeyRefKey]), "key %s in the store is referenced by no CA in the Secret (made for a write that lost)", ref)
 	}

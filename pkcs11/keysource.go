@@ -172,6 +172,27 @@ func (k *KeySource) FindKey(_ context.Context, ref string) (crypto.Signer, error
 	}
 }
 
+// DeleteKey deletes the key pair labelled ref (dynamiccert.CAKeyDeleter):
+// the Authority deletes the keys it made for CAs whose Secret write another
+// replica won. A key that is already gone is not an error.
+func (k *KeySource) DeleteKey(_ context.Context, ref string) error {
+	ctx, err := k.open()
+	if err != nil {
+		return err
+	}
+	keys, err := ctx.FindKeyPairs(nil, []byte(ref))
+	if err != nil {
+		k.lost(ctx)
+		return fmt.Errorf("finding key %q to delete: %w", ref, err)
+	}
+	for _, key := range keys {
+		if err := key.Delete(); err != nil {
+			return fmt.Errorf("deleting key %q: %w", ref, err)
+		}
+	}
+	return nil
+}
+
 // Close closes the token, if open; keys found before fail from then on.
 // The KeySource opens it again if used.
 func (k *KeySource) Close() error {

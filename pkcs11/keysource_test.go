@@ -40,4 +40,16 @@ func TestKeySourceMakesAndFindsKeys(t *testing.T) {
 	if _, err := other.FindKey(ctx, "evercert-ca-missing"); err == nil || !strings.Contains(err.Error(), `"evercert-ca-missing" is not in the token`) {
 		t.Fatalf("missing key: %v", err)
 	}
+	// Deleting (dynamiccert.CAKeyDeleter, for keys made for a lost Secret
+	// write): gone for every source on the token; deleting again is fine.
+	var _ dynamiccert.CAKeyDeleter = ks
+	if err := ks.DeleteKey(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newKeySource(t, label, pin).FindKey(ctx, ref); err == nil || !strings.Contains(err.Error(), "is not in the token") {
+		t.Fatalf("deleted key: %v", err)
+	}
+	if err := ks.DeleteKey(ctx, ref); err != nil {
+		t.Fatalf("deleting a key that is gone: %v", err)
+	}
 }

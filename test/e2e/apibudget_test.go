@@ -80,8 +80,6 @@ type budgetOptions struct {
 	apiServerFlags []string
 	// share, queues and queueLength shape the replicas' priority level.
 	share, queues, queueLength int32
-	// renewIn is how long after the CA is created it is due for renewal.
-	renewIn time.Duration
 }
 
 // budgetRig is one cluster with the replicas' identity, RBAC, FlowSchema
