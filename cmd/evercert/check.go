@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -170,7 +169,7 @@ func handshake(ctx context.Context, addr, serverName string) ([]*x509.Certificat
 	defer conn.Close()
 	certs := conn.(*tls.Conn).ConnectionState().PeerCertificates
 	if len(certs) == 0 {
-		return nil, errors.New("the server sent no certificate")
+		return nil, failedf("the server at %s sent no certificate to verify", addr)
 	}
 	return certs, nil
 }
