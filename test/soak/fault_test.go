@@ -287,6 +287,13 @@ func faultScenarios() []scenario {
 		emergencyScenario("emergency-during-api-outage", "api-outage"),
 		emergencyScenario("emergency-replica-down", "replica-down"),
 
+		// Signed announcements (issue 21, announce_test.go): an attacker
+		// with Lease write rights forges, replays and garbles
+		// announcements while a successor waits.
+		forgedAnnouncementsScenario(),
+		replayedAnnouncementsScenario(),
+		garbledAnnouncementsScenario(),
+
 		// Negative controls: the same harness with a weaker system or a
 		// stricter client must see failures.
 		{name: "control-stale-bundles", control: true, params: func(p *params) {

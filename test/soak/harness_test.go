@@ -161,6 +161,7 @@ type pod struct {
 	w      *world
 	idx    int
 	name   string // "r1", "r1.g2" after restarts
+	id     string // its Authority ReplicaID, the holderIdentity of its Lease
 	offset time.Duration
 	view   *offsetClock // the pod's clock, for the sni controller and clients
 
@@ -286,6 +287,7 @@ func (w *world) startPod(idx int) *pod {
 	if gen%2 == 1 {
 		replicaID += fmt.Sprintf("-g%d", gen)
 	}
+	p.id = replicaID
 
 	var err error
 	authCfg := dynamiccert.AuthorityConfig{
