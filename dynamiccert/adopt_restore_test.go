@@ -25,6 +25,7 @@ func TestAdoptSecretDeletedKeepsSuccessor(t *testing.T) {
 	f := newForeignCA(t, "cert-manager-webhook-ca")
 	client := fake.NewClientset(opaqueSecret(f.certManager()))
 	optimistic(client)
+	watches := secretWatches(client) // installed before Run
 	clk := clocktesting.NewFakeClock(testNow)
 	obs := &testObserver{} // holds the successor back
 	a := runAdopting(t, client, clk, "adopt-cm-del", LayoutCertManager, func(c *AuthorityConfig) { c.Observers = []Observer{obs} })
@@ -33,6 +34,10 @@ func TestAdoptSecretDeletedKeepsSuccessor(t *testing.T) {
 	published := getSecret(t, client).Data[AuthorityNextCertKey]
 	require.NotEmpty(t, published, "the successor is published at once")
 
+	// The fake API server, unlike a real one, cannot resume a watch from
+	// the list's resourceVersion: a delete between the informer's list and
+	// its watch would never be delivered.
+	waitFor(t, "the Secret watch", func() bool { return watches.Load() > 0 })
 	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
 	waitFor(t, "the Secret written back", func() bool {
 		s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
@@ -59,6 +64,7 @@ func TestAdoptKnativeSecretDeletedMidAdoption(t *testing.T) {
 	client := fake.NewClientset(opaqueSecret(f.knative()))
 	optimistic(client)
 	writes := secretWrites(client)
+	watches := secretWatches(client) // installed before Run
 	clk := clocktesting.NewFakeClock(testNow)
 	obs := &testObserver{} // holds the successor back
 	withObs := func(c *AuthorityConfig) { c.Observers = []Observer{obs} }
@@ -71,6 +77,10 @@ func TestAdoptKnativeSecretDeletedMidAdoption(t *testing.T) {
 	// The count starts before the delete: the write-back may come before
 	// the next line runs (it did under load, and the loop below then
 	// waited forever for a write that had already happened).
+	// The fake API server, unlike a real one, cannot resume a watch from
+	// the list's resourceVersion: a delete between the informer's list and
+	// its watch would never be delivered.
+	waitFor(t, "the Secret watch", func() bool { return watches.Load() > 0 })
 	start := writes.Load()
 	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
 	// Settled: the loop asleep, the Secret written back and not written
