@@ -86,6 +86,22 @@ func (w *opsWorld) events(reason string) []string {
 	return out
 }
 
+// awaitEvents collects the Events with reason until there are at least n,
+// for at most guard: an Event is recorded after the state it reports is
+// visible (Status, the Secret), so a test that saw the state waits for it.
+func (w *opsWorld) awaitEvents(reason string, n int) []string {
+	w.t.Helper()
+	var out []string
+	deadline := time.Now().Add(guard)
+	for {
+		out = append(out, w.events(reason)...)
+		if len(out) >= n || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestCompromisedFingerprintMatchingNoCAIsIgnored: a compromised-ca
 // annotation that names no CA in the Secret is reported once (a Warning
 // Event, counted) and changes nothing, however long it stays: no successor,
@@ -111,7 +127,7 @@ func TestCompromisedFingerprintMatchingNoCAIsIgnored(t *testing.T) {
 	require.Nil(t, s.Successor, "a successor was published for a fingerprint that matches no CA")
 	require.Equal(t, signing, s.Signing.Fingerprint)
 	require.Equal(t, before+1, writes.Load(), "Secret writes besides the operator's annotation")
-	require.Len(t, w.events(ReasonCARequestIgnored), 1)
+	require.Len(t, w.awaitEvents(ReasonCARequestIgnored, 1), 1)
 	require.Equal(t, 1.0, certmetricstest.Value(t, "evercert_operator_requests_total", map[string]string{"provider": w.a.Name(), "request": "compromised", "result": "ignored"}))
 	require.Contains(t, s.Emergency.String(), "ignored")
 }
@@ -133,7 +149,7 @@ func TestRotateRequestedActsOnce(t *testing.T) {
 	succ := w.a.Status().Successor
 	require.NotNil(t, succ, "no successor published on request")
 	require.True(t, succ.SignsNoEarlierThan.After(clk.Now()), "a requested rotation keeps the minimum propagation delay")
-	require.Len(t, w.events(ReasonCARotationRequested), 1)
+	require.Len(t, w.awaitEvents(ReasonCARotationRequested, 1), 1)
 	w.stop()
 
 	// A restart finds the request handled: the same successor waits.
@@ -174,7 +190,7 @@ func TestEmergencyStepsAreReported(t *testing.T) {
 	require.NotNil(t, s.Emergency)
 	require.Equal(t, EmergencyDone, s.Emergency.Step, s.Emergency.String())
 	require.Equal(t, "leaked", s.Emergency.Reason)
-	evs := w.events(ReasonEmergencyCARotation)
+	evs := w.awaitEvents(ReasonEmergencyCARotation, 4)
 	require.GreaterOrEqual(t, len(evs), 4, "%v", evs)
 	for _, e := range evs {
 		require.True(t, strings.HasPrefix(e, corev1.EventTypeWarning), e)
