@@ -20,6 +20,8 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/apitest"
 )
 
 // secretWrites counts creates and updates of Secrets by anyone.
@@ -105,8 +107,8 @@ func settle(t *testing.T, clk *clocktesting.FakeClock, loops int, client *fake.C
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replicas never settled: %d writes since the step; %d of %d loops asleep, replicas agree with the Secret: %v",
-				writes.Load()-start, clk.Waiters(), loops, agree(client, replicas))
+			t.Fatalf("replicas never settled: %d writes since the step; %d of %d loops asleep, replicas agree with the Secret: %v; %s",
+				writes.Load()-start, clk.Waiters(), loops, agree(client, replicas), apitest.Recent(client.Actions(), apitest.RecentWindow))
 		}
 		time.Sleep(50 * time.Microsecond)
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/apitest"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/certreport/certreporttest"
 )
@@ -141,12 +142,17 @@ func (w *skewWorld) secret(t *testing.T) *corev1.Secret {
 // the Secret for a while.
 func (w *skewWorld) settle(t *testing.T) {
 	t.Helper()
+	deadline := time.Now().Add(guard)
 	for {
 		waitWaiters(t, w.base, w.loops)
 		before := w.secretWritesN.Load()
 		time.Sleep(20 * time.Millisecond)
 		if w.base.Waiters() >= w.loops && w.secretWritesN.Load() == before {
 			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replicas never settled: %d Secret writes, %d of %d loops asleep; %s",
+				w.secretWritesN.Load(), w.base.Waiters(), w.loops, apitest.Recent(w.client.Actions(), apitest.RecentWindow))
 		}
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/apitest"
 )
 
 // promotionBound is how long, in simulated time, a successor may take to
@@ -72,7 +74,7 @@ func (w *promotionWorld) settle() {
 	deadline := time.Now().Add(guard)
 	for stable < 5 {
 		if time.Now().After(deadline) {
-			w.t.Fatalf("the replicas never settled: %d of %d loops asleep; API state %s then %s", w.clk.Waiters(), w.loops(), last, w.apiState())
+			w.t.Fatalf("the replicas never settled: %d of %d loops asleep; API state %s then %s; %s", w.clk.Waiters(), w.loops(), last, w.apiState(), apitest.Recent(w.client.Actions(), apitest.RecentWindow))
 		}
 		time.Sleep(200 * time.Microsecond)
 		state := w.apiState()

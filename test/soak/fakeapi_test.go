@@ -31,6 +31,8 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/evercert/evercert/internal/apitest"
 )
 
 var secretsGVR = corev1.SchemeGroupVersion.WithResource("secrets")
@@ -127,6 +129,9 @@ type fakeAPI struct {
 	calls  atomic.Int64 // every request evercert made (watches included)
 	mu     sync.Mutex
 	byVerb map[string]int64 // "verb resource"
+	// recent holds the latest requests (at least apitest.RecentWindow),
+	// so that a scenario that never settles says what kept moving.
+	recent []clienttesting.Action
 	// renewals counts the Lease updates that change neither labels nor
 	// annotations (only renewTime moves): the cost at rest.
 	renewals atomic.Int64
@@ -202,6 +207,10 @@ func (a *fakeAPI) count(action clienttesting.Action) {
 	a.calls.Add(1)
 	a.mu.Lock()
 	a.byVerb[action.GetVerb()+" "+action.GetResource().Resource]++
+	a.recent = append(a.recent, action)
+	if len(a.recent) >= 2*apitest.RecentWindow {
+		a.recent = slices.Clone(a.recent[len(a.recent)-apitest.RecentWindow:])
+	}
 	a.mu.Unlock()
 }
 
@@ -253,6 +262,13 @@ func (a *fakeAPI) verbs() string {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, a.byVerb[k]))
 	}
 	return strings.Join(parts, " ")
+}
+
+// lastRequests describes the latest requests by verb, resource and name.
+func (a *fakeAPI) lastRequests() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return apitest.Recent(a.recent, apitest.RecentWindow)
 }
 
 // get reads an object straight from the tracker: the harness's reads are

@@ -527,7 +527,7 @@ func (w *world) settle() {
 		activity:   w.activityCount,
 		notSettled: func() string { w.reapCrashed(); return w.notSettled() },
 		hotLoop:    func() { w.hotLoop(calls0) },
-		describe:   func() string { return "API: " + w.api.verbs() },
+		describe:   func() string { return "API: " + w.api.verbs() + "\n" + w.api.lastRequests() },
 	})
 }
 

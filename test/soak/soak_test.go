@@ -200,6 +200,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 			hotLoop: func() {
 				t.Errorf("at %s: a loop spins on timers that are already due: %v", clk.Now().Format(time.RFC3339), sim.dueOwners())
 			},
+			describe: func() string { return "API: " + api.verbs() + "\n" + api.lastRequests() },
 		})
 	}
 	settle()
