@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -123,8 +124,8 @@ func TestAdoptCertControllerSecret(t *testing.T) {
 	optimistic(client)
 	writes := secretWrites(client)
 	clk := clocktesting.NewFakeClock(testNow)
-	a := runAdopting(t, client, clk, "adopt-cc-a", LayoutCertController, nil)
-	b := runAdopting(t, client, clk, "adopt-cc-b", LayoutCertController, nil)
+	a := runAdopting(t, client, clk, "adopt-cc-a", LayoutCertController, func(c *AuthorityConfig) { c.DisableReplicaAnnouncements = false })
+	b := runAdopting(t, client, clk, "adopt-cc-b", LayoutCertController, func(c *AuthorityConfig) { c.DisableReplicaAnnouncements = false })
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })
 	waitWaiters(t, clk, 2)
 
@@ -146,6 +147,7 @@ func TestAdoptCertControllerSecret(t *testing.T) {
 	s = getSecret(t, client)
 	assert.Contains(t, string(s.Data["ca.crt"]), string(pki.EncodeCertPEM(f.ca.Cert.Raw)), "the old CA stays trusted until it expires")
 	assert.NoError(t, a.LastError())
+	noAnnouncementRejected(t, a, b)
 }
 
 // TestAdoptCertManagerSecret: cert-manager's DynamicAuthority layout is
@@ -159,8 +161,10 @@ func TestAdoptCertManagerSecret(t *testing.T) {
 	optimistic(client)
 	writes := secretWrites(client)
 	clk := clocktesting.NewFakeClock(testNow)
-	a := runAdopting(t, client, clk, "adopt-cm-a", LayoutCertManager, nil)
-	b := runAdopting(t, client, clk, "adopt-cm-b", LayoutCertManager, nil)
+	// The replicas announce and wait for each other, as in a Deployment.
+	announce := func(c *AuthorityConfig) { c.DisableReplicaAnnouncements = false }
+	a := runAdopting(t, client, clk, "adopt-cm-a", LayoutCertManager, announce)
+	b := runAdopting(t, client, clk, "adopt-cm-b", LayoutCertManager, announce)
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })
 	waitWaiters(t, clk, 2)
 	assert.LessOrEqual(t, writes.Load(), int64(2), "cert-manager's layout is the Authority's: nothing to convert, only the successor's publication (by one replica; the other's attempt is a conflict)")
@@ -172,6 +176,7 @@ func TestAdoptCertManagerSecret(t *testing.T) {
 	s := getSecret(t, client)
 	assert.Contains(t, string(s.Data["ca.crt"]), string(pki.EncodeCertPEM(f.ca.Cert.Raw)), "the old CA stays trusted until it expires")
 	assert.Equal(t, "true", s.Annotations["cert-manager.io/allow-direct-injection"], "annotations are kept")
+	noAnnouncementRejected(t, a, b)
 }
 
 // TestAdoptKnativeSecret: knative does not store its CA's key. The
@@ -186,7 +191,13 @@ func TestAdoptKnativeSecret(t *testing.T) {
 	optimistic(client)
 	clk := clocktesting.NewFakeClock(testNow)
 	obs := &testObserver{}
-	withObs := func(c *AuthorityConfig) { c.Observers = []Observer{obs} }
+	// The replicas announce and wait for each other, as in a Deployment,
+	// and the delay is short, as in a migration test: the successor's
+	// leaves (backdated by the skew tolerance) have an earlier NotBefore
+	// than knative's leaf, made a minute ago and not backdated.
+	withObs := func(c *AuthorityConfig) {
+		c.Observers, c.DisableReplicaAnnouncements, c.PropagationDelay = []Observer{obs}, false, 10*time.Second
+	}
 	a := runAdopting(t, client, clk, "adopt-kn-a", LayoutKnative, withObs)
 	b := runAdopting(t, client, clk, "adopt-kn-b", LayoutKnative, withObs)
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })
@@ -222,6 +233,18 @@ func TestAdoptKnativeSecret(t *testing.T) {
 		assert.NotContains(t, s.Data, k, "knative's keys leave once a CA of ours signs")
 	}
 	assert.Contains(t, string(s.Data["ca.crt"]), string(pki.EncodeCertPEM(f.ca.Cert.Raw)), "knative's CA stays trusted until it expires")
+	noAnnouncementRejected(t, a, b)
+}
+
+// noAnnouncementRejected checks that the replicas believed each other
+// throughout: a genuine announcement that is rejected is not waited for.
+func noAnnouncementRejected(t *testing.T, replicas ...*Authority) {
+	t.Helper()
+	for _, r := range replicas {
+		for _, reason := range []string{certmetrics.AnnouncementForged, certmetrics.AnnouncementReplayed, certmetrics.AnnouncementGarbled} {
+			assert.Zero(t, rejected(t, r, reason), "%s rejected a genuine replica announcement as %s", r.Name(), reason)
+		}
+	}
 }
 
 // TestAdoptRejectsBadSecret: a Secret of the declared layout with a

@@ -149,14 +149,48 @@ func digest(h crypto.Hash, msg []byte) []byte {
 }
 
 // announcementMark is the last announcement believed for one Lease: an
-// announcement older than it (an earlier renewTime, or an older leaf) is a
-// replay of content the Lease held before.
+// announcement older than it (an earlier renewTime, or a leaf the Lease
+// announced before its current one) is a replay of content the Lease held
+// before.
+//
+// A leaf's NotBefore is no measure of its age: a leaf is never backdated
+// before its CA's NotBefore, so the leaf of a CA made without backdating (an
+// adopted cert-manager or knative CA) can start later than its successor's
+// first leaf, issued after it. Comparing NotBefore rejected genuine
+// announcements as replayed after every migration (issue 27 §8); the
+// leaves a Lease retired are remembered instead.
 type announcementMark struct {
 	renew      time.Time
-	notBefore  time.Time
 	sig        []byte
 	leafRaw    []byte
 	chainedGen uint64 // rootsGen the leaf was found to chain in
+	// retired holds the digests of the leaves this Lease announced before
+	// leafRaw, newest last, at most maxRetiredLeaves.
+	retired [][sha256.Size]byte
+}
+
+// maxRetiredLeaves bounds announcementMark.retired: a replica announces a
+// new leaf at each renewal, so the bound covers many renewals while keeping
+// a peer's memory per Lease small.
+const maxRetiredLeaves = 16
+
+// next is the mark after believing an announcement of leaf at renew with
+// sig, chained in rootsGen.
+func (m announcementMark) next(leaf *x509.Certificate, renew time.Time, sig []byte, rootsGen uint64) announcementMark {
+	retired := m.retired
+	if m.leafRaw != nil && !bytes.Equal(m.leafRaw, leaf.Raw) {
+		retired = append(slices.Clone(retired), sha256.Sum256(m.leafRaw))
+		if len(retired) > maxRetiredLeaves {
+			retired = retired[len(retired)-maxRetiredLeaves:]
+		}
+	}
+	return announcementMark{renew: renew, sig: sig, leafRaw: leaf.Raw, chainedGen: rootsGen, retired: retired}
+}
+
+// retiredLeaf reports whether leaf is one this Lease announced before its
+// current one.
+func (m announcementMark) retiredLeaf(leaf *x509.Certificate) bool {
+	return slices.Contains(m.retired, sha256.Sum256(leaf.Raw))
 }
 
 // heldLease is a Lease whose latest version could not be judged yet, or
@@ -241,7 +275,8 @@ type verdict struct {
 // (AuthoritySignatureAnnotation) with the key of the leaf it announces,
 // that leaf chains to a CA in the Secret as this replica last read it, and
 // it is no older than the last announcement believed for the Lease (its
-// renewTime and its leaf's NotBefore). r.mu must be held.
+// renewTime, and a leaf the Lease has not retired; see announcementMark).
+// r.mu must be held.
 func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
 	encoded, signed := l.Annotations[AuthoritySignatureAnnotation]
 	if !signed {
@@ -269,10 +304,13 @@ func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
 	mark, marked := r.marks[l.Name]
 	if marked {
 		switch {
-		case renew.Before(mark.renew), leaf.NotBefore.Before(mark.notBefore):
+		case renew.Before(mark.renew):
 			return verdict{rejected: &rejection{reason: certmetrics.AnnouncementReplayed,
-				err: fmt.Errorf("renewTime %s or leaf (serial %s, not before %s) is older than the last announcement believed for this Lease (renewTime %s)",
-					renew.UTC().Format(metav1.RFC3339Micro), serial(leaf), leaf.NotBefore.UTC().Format(time.RFC3339), mark.renew.UTC().Format(metav1.RFC3339Micro))}}
+				err: fmt.Errorf("renewTime %s is older than that of the last announcement believed for this Lease (%s)",
+					renew.UTC().Format(metav1.RFC3339Micro), mark.renew.UTC().Format(metav1.RFC3339Micro))}}
+		case mark.retiredLeaf(leaf):
+			return verdict{rejected: &rejection{reason: certmetrics.AnnouncementReplayed,
+				err: fmt.Errorf("the leaf (serial %s) is one this Lease announced before the leaf of its last believed announcement", serial(leaf))}}
 		case renew.Equal(mark.renew) && bytes.Equal(sig, mark.sig):
 			// The same signed announcement written again (someone edited
 			// another field of the Lease): no renewal, nothing new.

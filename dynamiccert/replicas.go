@@ -672,7 +672,7 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	}
 	delete(r.held, l.Name)
 	delete(r.judgedVersion, l.Name)
-	r.marks[l.Name] = announcementMark{renew: v.renew, notBefore: v.leaf.NotBefore, sig: v.sig, leafRaw: v.leaf.Raw, chainedGen: r.rootsGen}
+	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: seenAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
