@@ -100,7 +100,7 @@ test-hsm: deps kube-bin
 ## through leaf and CA rotations, the ready gate, bad input, the README
 ## recipes. Its own module, so the library takes no controller-runtime
 ## dependency. Fails if any named test did not pass.
-CONTROLLERRUNTIME_LIB_TESTS := TestAddWebhookThroughRotationsOnNonLeader TestAddRefusesBadConfig TestAddSourceWithoutTargets TestAddAfterStartIsRefused TestREADMERecipesAreCompiled TestChecksFollowTheServedCertificate TestFailedAddLeavesTheSourceAlone TestSecondAddIsRefused
+CONTROLLERRUNTIME_LIB_TESTS := TestAddWebhookThroughRotationsOnNonLeader TestAddRefusesBadConfig TestAddSourceWithoutTargets TestAddAfterStartIsRefused TestREADMERecipesAreCompiled TestChecksFollowTheServedCertificate TestFailedAddLeavesTheSourceAlone TestSecondAddIsRefused TestAddServesMetricsOnTheManagersEndpoint
 test-controllerruntime-lib: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v . > $(CURDIR)/tmp/controllerruntime-lib.log 2>&1 || { cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -13,10 +14,12 @@ import (
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
+	evercertmetrics "github.com/evercert/evercert/metrics"
 	"github.com/evercert/evercert/sni"
 )
 
@@ -55,6 +58,11 @@ const recorderName = "evercert"
 // would serve the second call's leaf while the first call's publisher
 // keeps its own CA in the first call's targets). A bad Config is an error
 // naming the field. Add is safe for concurrent use.
+//
+// Add registers evercert's metrics (evercert_*) in controller-runtime's
+// metrics.Registry, which the manager's metrics server serves, once per
+// process: a later Add (another manager) or a caller that registered
+// evercert's metrics.Collector there already finds them registered.
 func Add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	c, err := add(mgr, cfg)
 	if err != nil {
@@ -73,12 +81,30 @@ func add(mgr manager.Manager, cfg Config) (*Certs, error) {
 	if !claim(mgr) {
 		return nil, fmt.Errorf("already called on this manager: call it once, with every target in one Config (its checks are named %q)", CheckName)
 	}
+	if err := registerMetrics(); err != nil {
+		release(mgr)
+		return nil, err
+	}
 	c, err := wire(mgr, cfg)
 	if err != nil {
 		release(mgr)
 		return nil, err
 	}
 	return c, nil
+}
+
+// registerMetrics registers evercert's metrics in controller-runtime's
+// metrics.Registry: evercert registers them in component-base's
+// legacyregistry, which a manager does not serve. The Registry is one per
+// process and every manager serves it, so once is enough; a registration
+// already there (a second Add, or the caller's own) is the one wanted.
+func registerMetrics() error {
+	err := ctrlmetrics.Registry.Register(evercertmetrics.Collector())
+	var already prometheus.AlreadyRegisteredError
+	if err != nil && !errors.As(err, &already) {
+		return fmt.Errorf("registering evercert's metrics in controller-runtime's metrics.Registry: %w", err)
+	}
+	return nil
 }
 
 // claimed holds the managers Add has wired (manager.Manager to struct{}).

@@ -2,7 +2,8 @@
 // that names stay consistent across packages. The metrics are registered in
 // k8s.io/component-base's legacyregistry the first time any of them is used,
 // and are served by whatever exposes that registry (server's /metrics, or a
-// genericapiserver's).
+// genericapiserver's). Collector hands the same metrics to another registry
+// (a controller-runtime manager's, through the public package metrics).
 //
 // All functions are safe for concurrent use.
 //
@@ -185,10 +186,39 @@ func all() []metrics.Registerable {
 // monitor whose etcd is gone) can take tens of seconds to answer; tests read
 // evercert's values through this instead.
 func Gatherer() prometheus.Gatherer {
-	Register()
 	reg := prometheus.NewRegistry()
-	for _, c := range all() {
-		reg.MustRegister(c)
-	}
+	reg.MustRegister(Collector())
 	return reg
+}
+
+// Collector returns one prometheus.Collector of every evercert metric, the
+// same series the legacyregistry serves, for a Prometheus registry that is
+// not the legacyregistry (a controller-runtime manager serves its own).
+// It holds evercert's metrics only, none of the process and Go collectors
+// the legacyregistry also has, which such a registry has its own of. Every
+// call returns a collector with the same descriptors, so a registry given
+// it a second time refuses it with prometheus.AlreadyRegisteredError
+// instead of serving each series twice.
+func Collector() prometheus.Collector {
+	// Register creates the metrics: a component-base metric has no
+	// Prometheus metric behind it until a KubeRegistry created it.
+	Register()
+	return collector{}
+}
+
+// collector is Collector's value: it describes and collects all().
+type collector struct{}
+
+// Describe sends every evercert metric's descriptors.
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range all() {
+		c.Describe(ch)
+	}
+}
+
+// Collect sends every evercert series.
+func (collector) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range all() {
+		c.Collect(ch)
+	}
 }
