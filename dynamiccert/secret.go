@@ -367,7 +367,9 @@ func secretData(secret *corev1.Secret, keys ...string) ([][]byte, error) {
 // SecretCertKey serves the tls.crt and tls.key of one Kubernetes Secret and
 // follows changes through a watch: a write to the Secret is served within
 // the watch latency (well under a second), with no kubelet volume refresh in
-// between and no API call during a handshake.
+// between and no API call during a handshake. It also re-reads the Secret
+// every SecretConfig.Resync, so a watch that stays open but delivers
+// nothing delays a change by Resync at most.
 //
 // Content that is missing, malformed, mismatched, expired or not yet valid,
 // a deleted Secret, a forbidden or unreachable API server: each is an error
