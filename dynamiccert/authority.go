@@ -258,7 +258,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
-	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: &secretReads{src: src}}
+	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval)}
 	a := &Authority{cfg: cfg, store: store}
 	store.judge = func(st *caSet, now time.Time) (string, bool) {
 		if a.replicas != nil {

@@ -2,7 +2,10 @@ package dynamiccert
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,7 +33,20 @@ import (
 //     write yet: deciding on the older content would take the Secret for
 //     rolled back (secretStore.restore). A GET that shows what the cache
 //     holds ends the wait too, so a write the watch skipped (a re-list)
-//     does not leave the checks on GETs.
+//     does not leave the checks on GETs;
+//   - the watch has not shown its cache current for maxAge: no event, no
+//     bookmark, no list, and no GET that found what the cache holds. A
+//     watch can stay open and deliver nothing (a wedged watch cache, a
+//     proxy); trusting it then would leave the replica blind, e.g. signing
+//     with a CA an operator marked compromised. A healthy kube-apiserver
+//     watch sends a bookmark about every minute (the reflector asks for
+//     them), so at rest this costs nothing there; a server that sends none
+//     (the fake clientset) costs a GET per maxAge.
+//
+// A GET that fails when nothing was read fresh for maxAge (the watch's
+// delivery, a GET) is an unconfirmedReadError: the check fails, Status
+// reports the replica Stalled and RotationCheck fails until a read
+// succeeds or the watch delivers again.
 //
 // Writes carry the resourceVersion of what was read, from either source, so
 // a stale cache costs a Conflict and a GET, never a lost write. Safe for
@@ -41,6 +57,9 @@ type secretReads struct {
 	// apiFailing, when set, reports that other requests of this replica
 	// fail (the Lease writer's).
 	apiFailing func() bool
+	// maxAge bounds how long ago, on src.cfg.Clock, the cache may have
+	// been shown current for a check to use it (see secretReadsMaxAge).
+	maxAge time.Duration
 
 	mu sync.Mutex
 	// mustGet: the next read is a GET (a failed request, a conflict).
@@ -50,6 +69,54 @@ type secretReads struct {
 	// any event ends the wait).
 	awaiting bool
 	awaitRV  string
+	// confirmed is when a GET last found what the cache holds.
+	confirmed time.Time
+	// fresh is when a GET last answered (the Secret, or NotFound), or the
+	// first read: the start of the maxAge after which a failed GET leaves
+	// the replica unconfirmed.
+	fresh time.Time
+}
+
+// minSecretCacheAge is the shortest maxAge: twice the kube-apiserver's
+// bookmark frequency (one minute, its watch cache's), so that a healthy
+// watch keeps the cache in use at rest even when a bookmark is a little
+// late.
+const minSecretCacheAge = 2 * time.Minute
+
+// secretReadsMaxAge is the longest an Authority trusts its watch's cache
+// without seeing the watch deliver (an event or a bookmark) or a GET
+// confirm it: its check interval, and at least minSecretCacheAge. A change
+// of the Secret (an operator's compromised-ca mark) is therefore acted on
+// within maxAge plus a check interval even when the watch delivers nothing.
+func secretReadsMaxAge(checkInterval time.Duration) time.Duration {
+	return max(checkInterval, minSecretCacheAge)
+}
+
+func newSecretReads(src *secretSource, checkInterval time.Duration) *secretReads {
+	return &secretReads{src: src, maxAge: secretReadsMaxAge(checkInterval)}
+}
+
+// unconfirmedReadError is a failed GET of the CA Secret when neither the
+// watch nor a GET showed the Secret as the API server has it for maxAge:
+// the replica cannot see a change of the Secret (a compromised-ca mark, a
+// successor) until a read succeeds. Its message is the same for every
+// attempt of one episode, so it is counted and logged once.
+type unconfirmedReadError struct {
+	err    error
+	maxAge time.Duration
+}
+
+func (e *unconfirmedReadError) Error() string {
+	return fmt.Sprintf("stale watch: no event or bookmark from the Secret's watch and no successful read for %v, and the GET failed: %v", e.maxAge, e.err)
+}
+
+func (e *unconfirmedReadError) Unwrap() error { return e.err }
+
+// unconfirmedRead reports whether err says that the CA Secret could not be
+// read fresh (see unconfirmedReadError).
+func unconfirmedRead(err error) bool {
+	var u *unconfirmedReadError
+	return errors.As(err, &u)
 }
 
 // observed is called for every watch event (nil: the Secret was deleted).
@@ -79,7 +146,13 @@ func (r *secretReads) failed() {
 // when it is current, else with a GET; the error is the GET's (NotFound
 // when the cache holds no such Secret). The Secret is the caller's.
 func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
-	cached, inCache, ok := r.fromCache(namespace, name)
+	now := r.src.cfg.Clock.Now()
+	r.mu.Lock()
+	if r.fresh.IsZero() {
+		r.fresh = now // the bound starts with the first read
+	}
+	r.mu.Unlock()
+	cached, inCache, synced, ok := r.fromCache(namespace, name, now)
 	if ok {
 		if !inCache {
 			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
@@ -91,36 +164,54 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 	defer r.mu.Unlock()
 	switch {
 	case err == nil:
-		r.mustGet = false
-		if r.awaiting && cached != nil && secret.ResourceVersion != "" && secret.ResourceVersion == cached.ResourceVersion {
-			r.awaiting = false // the cache holds what the API server has
+		r.mustGet, r.fresh = false, now
+		if cached != nil && secret.ResourceVersion != "" && secret.ResourceVersion == cached.ResourceVersion {
+			// The cache holds what the API server has.
+			r.awaiting, r.confirmed = false, now
 		}
 	case apierrors.IsNotFound(err):
-		r.mustGet = false
+		r.mustGet, r.fresh = false, now
+		if synced && !inCache {
+			r.confirmed = now
+		}
 	default:
 		r.mustGet = true
+		if last := latest(r.fresh, r.src.deliveredAt()); now.Sub(last) >= r.maxAge && ctx.Err() == nil {
+			err = &unconfirmedReadError{err: err, maxAge: r.maxAge}
+		}
 	}
 	return secret, err
 }
 
-// fromCache returns the cached Secret (inCache: it exists) and whether the
-// cache may be used; cached is set whenever the cache holds one.
-func (r *secretReads) fromCache(namespace, name string) (cached *corev1.Secret, inCache, ok bool) {
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// fromCache returns the cached Secret (inCache: it exists), whether the
+// cache has synced, and whether the cache may be used at now; cached is
+// set whenever the cache holds one.
+func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *corev1.Secret, inCache, synced, ok bool) {
 	view := r.src.view.Load()
 	if view == nil || !view.synced() {
-		return nil, false, false
+		return nil, false, false, false
 	}
 	obj, inCache, err := view.store.GetByKey(namespace + "/" + name)
 	if err != nil {
-		return nil, false, false
+		return nil, false, false, false
 	}
 	if inCache {
 		if cached, _ = obj.(*corev1.Secret); cached == nil {
-			return nil, false, false
+			return nil, false, false, false
 		}
 	}
 	r.mu.Lock()
-	use := !r.mustGet && !r.src.watchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
+	// The watch (or a GET) showed the cache current within maxAge: an open
+	// watch that delivers nothing must not be trusted for longer.
+	current := now.Sub(latest(r.confirmed, r.src.deliveredAt())) < r.maxAge
+	use := current && !r.mustGet && !r.src.watchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
 	if use && r.awaiting {
 		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV {
 			r.awaiting = false
@@ -129,5 +220,5 @@ func (r *secretReads) fromCache(namespace, name string) (cached *corev1.Secret, 
 		}
 	}
 	r.mu.Unlock()
-	return cached, inCache, use
+	return cached, inCache, true, use
 }

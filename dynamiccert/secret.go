@@ -22,8 +22,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certreport"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -32,8 +34,8 @@ import (
 // kubernetes.io/service-account-token and cert-manager Secrets.
 const SecretCAKey = "ca.crt"
 
-// DefaultSecretResync is how often a Secret source re-lists its Secret even
-// without a watch event.
+// DefaultSecretResync is how often a Secret source re-reads its Secret from
+// the API server even without a watch event.
 const DefaultSecretResync = 10 * time.Minute
 
 // SecretConfig configures a Secret source.
@@ -50,10 +52,16 @@ type SecretConfig struct {
 	// SNINames, when set, replace the names taken from the certificate for
 	// SNI selection. Certificate sources only.
 	SNINames []string
-	// Resync is how often the Secret is re-listed. Default DefaultSecretResync.
+	// Resync is how often the Secret is re-read from the API server (a GET)
+	// even without a watch event: content that differs from what is served
+	// is loaded, so a watch that stays open but delivers nothing (a wedged
+	// cache, a proxy) delays a change by Resync at most. A failed re-read
+	// is reported and retried with backoff (at most Resync apart). Default
+	// DefaultSecretResync. Ignored by NewAuthority, whose checks bound the
+	// age of the watch's cache instead (see AuthorityConfig.CheckInterval).
 	Resync time.Duration
-	// Clock is used for validity checks of loaded certificates. Default
-	// clock.RealClock{}.
+	// Clock is used for validity checks of loaded certificates and for
+	// Resync. Default clock.RealClock{}.
 	Clock clock.WithTicker
 	// EventRecorder receives a Normal CertificateRotated Event for every new
 	// certificate (certificate sources) and a Warning CertificateLoadFailed
@@ -78,6 +86,20 @@ type secretSource struct {
 	// watchFailing: the watch reported an error and no event arrived
 	// since (it backs off or re-lists): the cache may be stale.
 	watchFailing atomic.Bool
+	// delivered is when (UnixNano on cfg.Clock; 0: never) the watch last
+	// showed that its cache is current: a list that succeeded, or an
+	// event or bookmark it delivered. An open watch that delivers nothing
+	// (a wedged watch cache, a proxy) leaves it behind; see secretReads.
+	delivered atomic.Int64
+	// rereads: run also re-reads the Secret with a GET every cfg.Resync
+	// (SecretCertKey, SecretCA).
+	rereads bool
+	// handled counts the Secrets process was called with, under mu: a
+	// re-read's answer is loaded only if the watch handled nothing while
+	// the GET was in flight, which would be as new at least.
+	handled uint64
+	// handledRV is the resourceVersion last handled, under mu.
+	handledRV string
 }
 
 // secretView is the informer cache of one Secret source.
@@ -112,7 +134,28 @@ func newSecretSource(cfg SecretConfig) (*secretSource, error) {
 func (s *secretSource) handle(secret *corev1.Secret) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.handleLocked(secret)
+}
+
+func (s *secretSource) handleLocked(secret *corev1.Secret) error {
+	s.handled++
+	s.handledRV = ""
+	if secret != nil {
+		s.handledRV = secret.ResourceVersion
+	}
 	return s.process(secret)
+}
+
+// markDelivered records that the watch showed its cache current now.
+func (s *secretSource) markDelivered() { s.delivered.Store(s.cfg.Clock.Now().UnixNano()) }
+
+// deliveredAt returns when the watch last showed its cache current (zero:
+// never).
+func (s *secretSource) deliveredAt() time.Time {
+	if n := s.delivered.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // runOnce reads the Secret with a plain GET, so a caller can fail fast at
@@ -137,16 +180,27 @@ func (s *secretSource) run(ctx context.Context) {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
-			return secrets.List(ctx, opts)
+			list, err := secrets.List(ctx, opts)
+			if err == nil {
+				s.markDelivered()
+			}
+			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.FieldSelector = selector
-			return secrets.Watch(ctx, opts)
+			w, err := secrets.Watch(ctx, opts)
+			if err != nil {
+				return nil, err
+			}
+			return newDeliveryWatch(w, s.markDelivered), nil
 		},
 	}
 	// Fake clients cannot stream a watch-list; this lets the reflector fall
 	// back to list+watch for them, and changes nothing for real clients.
-	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, s.cfg.Client), &corev1.Secret{}, cache.SharedIndexInformerOptions{ResyncPeriod: s.cfg.Resync})
+	// No informer resync: it only replays the cache, which a watch that
+	// delivers nothing leaves as old as it is; the re-read below asks the
+	// API server.
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, s.cfg.Client), &corev1.Secret{}, cache.SharedIndexInformerOptions{})
 	_ = informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
 			return // the server closed the watch (the reflector re-lists), or we are stopping
@@ -171,7 +225,108 @@ func (s *secretSource) run(ctx context.Context) {
 	view := &secretView{store: informer.GetStore(), synced: informer.HasSynced}
 	s.view.Store(view)
 	defer s.view.CompareAndSwap(view, nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if s.rereads {
+		wg.Go(func() { s.rereadEvery(ctx) })
+	}
 	informer.RunWithContext(ctx)
+}
+
+// rereadEvery re-reads the Secret every cfg.Resync until ctx is done, and
+// after a failure retries with backoff (internal/backoff, capped at
+// cfg.Resync), on cfg.Clock. It is what makes Resync true when the watch
+// stays open but delivers nothing: the informer would only replay its
+// cache.
+func (s *secretSource) rereadEvery(ctx context.Context) {
+	retry := backoff.New(backoff.DefaultInitial, s.cfg.Resync)
+	wait := s.cfg.Resync
+	for {
+		t := s.cfg.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		err := s.reread(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			wait = retry.Next(err)
+		default:
+			retry.Reset()
+			wait = s.cfg.Resync
+		}
+	}
+}
+
+// reread GETs the Secret and loads it, unless the watch handled a Secret
+// while the GET was in flight. A failed GET is reported (counted once per
+// distinct failure) and returned; content that fails to load is reported
+// by process and is not a reason to retry sooner.
+func (s *secretSource) reread(ctx context.Context) error {
+	s.mu.Lock()
+	before := s.handled
+	s.mu.Unlock()
+	secret, err := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace).Get(ctx, s.cfg.SecretName, metav1.GetOptions{})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case apierrors.IsNotFound(err):
+		secret = nil // deleted: reported as a delete event is
+	case err != nil:
+		return s.report.failed(fmt.Errorf("re-reading secret %s: %w", s.key, describeAPIError(err, readVerbs)))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.handled != before {
+		return nil // the watch delivered meanwhile: as new at least
+	}
+	if secret != nil && secret.ResourceVersion != s.handledRV {
+		// A change the watch did not deliver (or has not yet): say so, a
+		// wedged watch is otherwise invisible.
+		klog.FromContext(ctx).Info("Secret changed without a watch event; loading it from a re-read", "provider", s.cfg.Name, "secret", s.key,
+			"resourceVersion", secret.ResourceVersion, "lastDelivered", s.handledRV)
+	}
+	_ = s.handleLocked(secret)
+	return nil
+}
+
+// deliveryWatch passes a watch's events on unchanged and calls delivered
+// for each event or bookmark (not for an error): what secretReads needs to
+// tell a quiet watch (bookmarks arrive) from a wedged one (nothing does).
+type deliveryWatch struct {
+	watch.Interface
+	out  chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func newDeliveryWatch(w watch.Interface, delivered func()) watch.Interface {
+	d := &deliveryWatch{Interface: w, out: make(chan watch.Event), stop: make(chan struct{})}
+	go func() {
+		defer close(d.out)
+		for ev := range w.ResultChan() {
+			if ev.Type != watch.Error {
+				delivered()
+			}
+			select {
+			case d.out <- ev:
+			case <-d.stop:
+				return
+			}
+		}
+	}()
+	return d
+}
+
+func (d *deliveryWatch) ResultChan() <-chan watch.Event { return d.out }
+
+func (d *deliveryWatch) Stop() {
+	d.once.Do(func() { close(d.stop) })
+	d.Interface.Stop()
 }
 
 // readVerbs are what every Secret source reads its Secret with.
@@ -212,7 +367,9 @@ func secretData(secret *corev1.Secret, keys ...string) ([][]byte, error) {
 // SecretCertKey serves the tls.crt and tls.key of one Kubernetes Secret and
 // follows changes through a watch: a write to the Secret is served within
 // the watch latency (well under a second), with no kubelet volume refresh in
-// between and no API call during a handshake.
+// between and no API call during a handshake. It also re-reads the Secret
+// every SecretConfig.Resync, so a watch that stays open but delivers
+// nothing delays a change by Resync at most.
 //
 // Content that is missing, malformed, mismatched, expired or not yet valid,
 // a deleted Secret, a forbidden or unreachable API server: each is an error
@@ -243,7 +400,7 @@ func NewSecretCertKey(cfg SecretConfig) (*SecretCertKey, error) {
 		return nil, err
 	}
 	p := &SecretCertKey{src: src, sniNames: slices.Clone(cfg.SNINames)}
-	src.process = p.process
+	src.process, src.rereads = p.process, true
 	return p, nil
 }
 
@@ -319,7 +476,7 @@ func NewSecretCA(cfg SecretConfig) (*SecretCA, error) {
 		return nil, err
 	}
 	p := &SecretCA{src: src}
-	src.process = p.process
+	src.process, src.rereads = p.process, true
 	return p, nil
 }
 

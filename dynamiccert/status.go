@@ -24,6 +24,12 @@ type RotationStatus struct {
 	// are cut short (within the leaf renew-before of its NotAfter) and no
 	// successor signs yet: an observer is not confirming, or (with no
 	// Successor) the CA state cannot be read or written (see LastError).
+	// For an Authority replica it is also true while it cannot read its CA
+	// Secret fresh: the Secret's watch has delivered nothing (no event, no
+	// bookmark) and no read succeeded for the longer of its check interval
+	// and two minutes, and the GET that replaces the watch fails too
+	// (LastError then starts with "stale watch"). Such a replica cannot
+	// see a change of the Secret, such as a CA marked compromised.
 	Stalled bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
@@ -112,6 +118,9 @@ func (i *issuer) currentStatus() RotationStatus {
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()
+	if unconfirmedRead(s.LastError) {
+		s.Stalled = true // blind to the Secret, whatever the schedule says
+	}
 	i.mu.RLock()
 	s.ClockSkew = i.skew
 	i.mu.RUnlock()
@@ -129,14 +138,18 @@ type RotationReporter interface {
 // expire and no successor signs yet), naming the pending observers or the
 // error that keeps a successor from being published, and while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
-// the skew. It belongs on /readyz and /healthz, not /livez: a restart does
-// not make an observer confirm or fix a clock.
+// the skew, and while an Authority replica cannot read its CA Secret fresh
+// (a stale watch and a failing GET; see RotationStatus.Stalled). It
+// belongs on /readyz and /healthz, not /livez: a restart does not make an
+// observer confirm or fix a clock.
 func RotationCheck(r RotationReporter) healthz.HealthChecker {
 	return healthz.NamedCheck("ca-rotation:"+r.Name(), func(*http.Request) error {
 		s := r.Status()
 		switch {
 		case s.ClockSkew != "":
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
+		case unconfirmedRead(s.LastError):
+			return fmt.Errorf("the CA secret cannot be read fresh, changes to it go unseen: %v", s.LastError)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:

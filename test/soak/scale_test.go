@@ -98,7 +98,11 @@ func scaleCycle(w *world, c int) {
 	w.t.Logf("soak report budget/%s cycle %d: at rest %d replicas x %d min: %v = %.2f requests per replica per minute; CPU %v per replica per minute; heap in use %d KiB per replica (%d KiB for %d pods)",
 		w.name, c, n, minutes, rest, perMin, (restCPU / time.Duration(n*minutes)).Round(time.Microsecond),
 		(heap-w.rep.heapBefore)/n, heap-w.rep.heapBefore, n)
-	assert.LessOrEqual(w.t, rest.total, int64(n*minutes), "%s: more than one request per replica per minute at rest: %v; API: %s", w.name, rest, w.api.verbs())
+	// One renewal a minute, and a Secret GET per two minutes: the fake API
+	// server's watches send no bookmarks, and the Authority trusts a watch
+	// that shows nothing for two minutes no longer (issue 27; on
+	// kube-apiserver the bookmarks keep it at one).
+	assert.LessOrEqual(w.t, rest.total, int64(n*minutes*3/2), "%s: more than 1.5 requests per replica per minute at rest: %v; API: %s", w.name, rest, w.api.verbs())
 
 	// A rotation, phase by phase, stepping finely around each change.
 	st, ok := w.caState()
