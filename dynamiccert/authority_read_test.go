@@ -133,52 +133,73 @@ func TestStaleWatchCompromisedCAStopsSigning(t *testing.T) {
 // TestStaleWatchWithFailingGetIsReported: the watch delivers nothing and
 // every GET fails. Once nothing was read fresh for secretReadsMaxAge the
 // replica must say so: Status().Stalled with a LastError naming the stale
-// watch, RotationCheck failing, one more load error counted. A GET that
+// watch, one more load error counted, and RotationCheck failing when the
+// API server refuses the GET (not when it is unreachable). A GET that
 // succeeds again clears it all.
 func TestStaleWatchWithFailingGetIsReported(t *testing.T) {
-	client := fake.NewClientset()
-	optimistic(client) // resourceVersions: the cache is used as with a real API server
-	wedge := wedgeableSecretWatches(client)
-	gets := interceptSecrets(client, "get", nil)
-	clk := clocktesting.NewFakeClock(testNow)
-	w := newOpsWorld(t, "stale-watch-get-fails", client, clk)
-	check := RotationCheck(w.a)
-	require.NoError(t, check.Check(nil))
-	before := certmetricstest.LoadErrors(t, w.a.Name())
+	for _, tc := range []struct {
+		name string
+		err  error
+		// ready is whether the readiness check passes while the read is
+		// stale: a replica the API server refuses leaves the serving to
+		// its peers; when the API server is unreachable every replica is
+		// blind alike, and failing them all would empty the Service's
+		// endpoints when it comes back.
+		ready bool
+	}{
+		{"forbidden", apierrors.NewForbidden(corev1.Resource("secrets"), "ca", errors.New("RBAC: get revoked")), false},
+		{"unavailable", apierrors.NewServiceUnavailable("proxy: upstream unavailable"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			optimistic(client) // resourceVersions: the cache is used as with a real API server
+			wedge := wedgeableSecretWatches(client)
+			gets := interceptSecrets(client, "get", nil)
+			clk := clocktesting.NewFakeClock(testNow)
+			w := newOpsWorld(t, "stale-watch-get-fails-"+tc.name, client, clk)
+			check := RotationCheck(w.a)
+			require.NoError(t, check.Check(nil))
+			before := certmetricstest.LoadErrors(t, w.a.Name())
 
-	wedge.wedged.Store(true)
-	gets.fail(apierrors.NewServiceUnavailable("proxy: upstream unavailable"))
-	for range 4 {
-		clk.Step(time.Minute)
-		waitBlocked(t, clk)
-	}
-	s := w.a.Status()
-	require.True(t, s.Stalled, "the replica cannot read its CA Secret fresh, yet it is not stalled: %+v", s)
-	require.ErrorContains(t, s.LastError, "stale watch")
-	require.ErrorContains(t, s.LastError, "proxy: upstream unavailable")
-	err := check.Check(nil)
-	require.Error(t, err, "readiness passes while the replica cannot read its CA Secret")
-	assert.Contains(t, err.Error(), "cannot be read fresh")
-	assert.Contains(t, err.Error(), "stale watch")
-	// The failed GET may be counted before it is stale (when a GET
-	// succeeded after the watch's last delivery), and once stale.
-	counted := certmetricstest.LoadErrors(t, w.a.Name()) - before
-	assert.GreaterOrEqual(t, counted, 1.0, "the stale read is a load error")
-	for range 3 {
-		clk.Step(time.Minute)
-		waitBlocked(t, clk)
-	}
-	assert.Equal(t, counted, certmetricstest.LoadErrors(t, w.a.Name())-before, "the stale read is counted once however often it is retried")
-	require.NotNil(t, w.a.Leaf(), "the last leaf keeps being served")
+			wedge.wedged.Store(true)
+			gets.fail(tc.err)
+			for range 4 {
+				clk.Step(time.Minute)
+				waitBlocked(t, clk)
+			}
+			s := w.a.Status()
+			require.Equal(t, !tc.ready, s.Stalled, "Stalled while the replica cannot read its CA Secret fresh: %+v", s)
+			require.ErrorContains(t, s.LastError, "stale watch")
+			require.ErrorContains(t, s.LastError, tc.err.Error())
+			err := check.Check(nil)
+			if tc.ready {
+				require.NoError(t, err, "readiness fails on every replica alike while the API server is unreachable")
+			} else {
+				require.Error(t, err, "readiness passes while the API server refuses the replica its CA Secret")
+				assert.Contains(t, err.Error(), "cannot be read fresh")
+				assert.Contains(t, err.Error(), "stale watch")
+			}
+			// The failed GET may be counted before it is stale (when a GET
+			// succeeded after the watch's last delivery), and once stale.
+			counted := certmetricstest.LoadErrors(t, w.a.Name()) - before
+			assert.GreaterOrEqual(t, counted, 1.0, "the stale read is a load error")
+			for range 3 {
+				clk.Step(time.Minute)
+				waitBlocked(t, clk)
+			}
+			assert.Equal(t, counted, certmetricstest.LoadErrors(t, w.a.Name())-before, "the stale read is counted once however often it is retried")
+			require.NotNil(t, w.a.Leaf(), "the last leaf keeps being served")
 
-	gets.fail(nil)
-	waitFor(t, "a GET to succeed again", func() bool {
-		clk.Step(time.Second)
-		waitBlocked(t, clk)
-		return w.a.LastError() == nil
-	})
-	assert.False(t, w.a.Status().Stalled)
-	assert.NoError(t, check.Check(nil))
+			gets.fail(nil)
+			waitFor(t, "a GET to succeed again", func() bool {
+				clk.Step(time.Second)
+				waitBlocked(t, clk)
+				return w.a.LastError() == nil
+			})
+			assert.False(t, w.a.Status().Stalled)
+			assert.NoError(t, check.Check(nil))
+		})
+	}
 }
 
 // TestQuietWatchWithBookmarksCostsNoGet: a watch that delivers bookmarks

@@ -1,12 +1,16 @@
 package dynamiccert
 
 import (
+	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apiserver/pkg/server/healthz"
 
 	"github.com/evercert/evercert/internal/certmetrics"
@@ -27,9 +31,11 @@ type RotationStatus struct {
 	// For an Authority replica it is also true while it cannot read its CA
 	// Secret fresh: the Secret's watch has delivered nothing (no event, no
 	// bookmark) and no read succeeded for the longer of its check interval
-	// and two minutes, and the GET that replaces the watch fails too
-	// (LastError then starts with "stale watch"). Such a replica cannot
-	// see a change of the Secret, such as a CA marked compromised.
+	// and two minutes, and the GET that replaces the watch is refused by the
+	// API server (RBAC, a bad request). Such a replica cannot see a change
+	// of the Secret, such as a CA marked compromised. While the API server
+	// is unreachable or overloaded instead, LastError says "stale watch"
+	// but Stalled follows the schedule alone: every replica is blind alike.
 	Stalled bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
@@ -118,8 +124,11 @@ func (i *issuer) currentStatus() RotationStatus {
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()
-	if unconfirmedRead(s.LastError) {
-		s.Stalled = true // blind to the Secret, whatever the schedule says
+	if unconfirmedRead(s.LastError) && !apiUnavailable(s.LastError) {
+		// Blind to the Secret, whatever the schedule says, because the API
+		// server refuses this replica; when it is unreachable every
+		// replica is blind alike and LastError says so (see RotationCheck).
+		s.Stalled = true
 	}
 	i.mu.RLock()
 	s.ClockSkew = i.skew
@@ -139,7 +148,12 @@ type RotationReporter interface {
 // error that keeps a successor from being published, and while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
 // the skew, and while an Authority replica cannot read its CA Secret fresh
-// (a stale watch and a failing GET; see RotationStatus.Stalled). It
+// (a stale watch and a failing GET; see RotationStatus.Stalled) because the
+// API server refuses it (RBAC, a bad request): its peers that can read are
+// the ones to serve. A GET that fails because the API server is unreachable
+// or overloaded leaves the check green, Stalled still set: every replica is
+// blind alike then, and failing them all would take the whole Service out
+// of its endpoints when the API server comes back. It
 // belongs on /readyz and /healthz, not /livez: a restart does not make an
 // observer confirm or fix a clock.
 func RotationCheck(r RotationReporter) healthz.HealthChecker {
@@ -148,7 +162,7 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 		switch {
 		case s.ClockSkew != "":
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
-		case unconfirmedRead(s.LastError):
+		case unconfirmedRead(s.LastError) && s.Stalled && !apiUnavailable(s.LastError):
 			return fmt.Errorf("the CA secret cannot be read fresh, changes to it go unseen: %v", s.LastError)
 		case !s.Stalled:
 			return nil
@@ -160,4 +174,15 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 				s.Signing.Serial, s.Signing.NotAfter.UTC().Format(time.RFC3339), s.LastError)
 		}
 	})
+}
+
+// apiUnavailable reports whether err says the API server could not be
+// reached or did not answer in time (connection refused or reset, a
+// timeout, 429, 500, 503, 504), as opposed to an answer that refuses this
+// replica (403, 401, 400, 404).
+func apiUnavailable(err error) bool {
+	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsTimeout(err) || utilnet.IsProbableEOF(err) ||
+		errors.Is(err, context.DeadlineExceeded) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err)
 }
