@@ -39,12 +39,12 @@ type Serving struct {
 	// it (the self-signed default); nil otherwise.
 	TrustBundle dynamiccertificates.CAContentProvider
 
-	runners      []dynamiccertificates.ControllerRunner
+	runners []dynamiccertificates.ControllerRunner
 	// apiSource is the runner of --tls-secret or --ca-secret, which reads
 	// the API server (nil without either), and apiFlag names it ("--ca-secret
 	// ns/name"): RunOnce retries it until --startup-timeout.
-	apiSource dynamiccertificates.ControllerRunner
-	apiFlag   string
+	apiSource    dynamiccertificates.ControllerRunner
+	apiFlag      string
 	bundleFile   *bundleFileWriter   // nil without --ca-bundle-file
 	clientCAFile *dynamiccert.FileCA // nil without --client-ca-file
 
