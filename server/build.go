@@ -39,14 +39,14 @@ type Serving struct {
 	// it (the self-signed default); nil otherwise.
 	TrustBundle dynamiccertificates.CAContentProvider
 
-	runners []dynamiccertificates.ControllerRunner
+	runners      []dynamiccertificates.ControllerRunner
+	bundleFile   *bundleFileWriter   // nil without --ca-bundle-file
+	clientCAFile *dynamiccert.FileCA // nil without --client-ca-file
 	// apiSource is the runner of --tls-secret or --ca-secret, which reads
 	// the API server (nil without either), and apiFlag names it ("--ca-secret
 	// ns/name"): RunOnce retries it until --startup-timeout.
-	apiSource    dynamiccertificates.ControllerRunner
-	apiFlag      string
-	bundleFile   *bundleFileWriter   // nil without --ca-bundle-file
-	clientCAFile *dynamiccert.FileCA // nil without --client-ca-file
+	apiSource dynamiccertificates.ControllerRunner
+	apiFlag   string
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -298,6 +298,9 @@ func (s *Serving) loadFromAPI(ctx context.Context, src dynamiccertificates.Contr
 	b := backoff.New(0, 0)
 	var last error
 	giveUp := func() error {
+		if last == nil {
+			last = errors.New("no attempt finished") // a deadline shorter than the first attempt
+		}
 		return fmt.Errorf("%s: not loaded within --startup-timeout (%v): %w", s.apiFlag, timeout, last)
 	}
 	for {
