@@ -123,10 +123,10 @@ func TestAuthorityLeaseLabelValue(t *testing.T) {
 
 // TestReplicasOfLongSecretNameSeeEachOther: two replicas of the Authority
 // of a Secret named with 70 characters announce themselves in Leases whose
-// label is valid, and each sees the other (ServedChains lists both). The
-// fake clientset does not validate labels; this checks the value written
-// and listed with, and TestCLIStatusLongSecretName checks it on a real
-// kube-apiserver.
+// label is valid, and each sees the other (ServedChains lists both).
+// Before, the name was the label value and the Lease informer panicked on
+// the selector ("invalid selector ...: must be no more than 63 bytes");
+// TestCLIStatusLongSecretName checks the same on a real kube-apiserver.
 func TestReplicasOfLongSecretNameSeeEachOther(t *testing.T) {
 	client := fake.NewClientset()
 	optimistic(client)
