@@ -64,7 +64,8 @@ type AuthorityConfig struct {
 	// DisableCreate makes the Authority wait for a pre-created Secret
 	// instead of creating it. It says so once in the log, then waits quietly.
 	DisableCreate bool
-	// Hosts are the DNS names and IPs of the serving leaf. Required.
+	// Hosts are the DNS names and IPs of the serving leaf, each as
+	// ValidateHost accepts it. Required.
 	Hosts []string
 	// CommonName of the leaf. Default the first DNS name in Hosts.
 	CommonName string
@@ -80,7 +81,8 @@ type AuthorityConfig struct {
 	// Lifetime and RenewBefore of the leaf. Default 7 days and Lifetime/3.
 	Lifetime, RenewBefore time.Duration
 	// CALifetime and CARenewBefore of each CA. Default 8*Lifetime and
-	// CALifetime/3.
+	// CALifetime/3. Lifetimes are at most MaxLifetime, and Lifetime at most
+	// MaxLifetime/8 while CALifetime is defaulted.
 	CALifetime, CARenewBefore time.Duration
 	// PropagationDelay is the minimum time a successor CA is in ca.crt
 	// before it signs, for consumers evercert cannot observe. The successor
@@ -173,6 +175,9 @@ func (c *AuthorityConfig) complete() error {
 	}
 	if c.Lifetime == 0 {
 		c.Lifetime = 7 * 24 * time.Hour
+	}
+	if err := checkLifetimes(c.Lifetime, c.CALifetime, 8); err != nil {
+		return err // before 8 × Lifetime overflows
 	}
 	if c.CALifetime == 0 {
 		c.CALifetime = 8 * c.Lifetime

@@ -36,7 +36,8 @@ import (
 // itself with.
 const (
 	// AuthorityLeaseLabel selects the Leases of the replicas of one
-	// Authority; its value is the CA Secret's name.
+	// Authority; its value is AuthorityLeaseLabelValue of the CA Secret's
+	// name: the name itself, unless it is longer than a label value may be.
 	AuthorityLeaseLabel = "evercert.io/authority"
 	// AuthorityTrustedCAsAnnotation lists the Fingerprints of the CAs the
 	// replica has loaded and its own observers have confirmed, comma
@@ -493,7 +494,7 @@ func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want
 	if lease.Annotations == nil {
 		lease.Annotations = map[string]string{}
 	}
-	lease.Labels[AuthorityLeaseLabel] = r.authority
+	lease.Labels[AuthorityLeaseLabel] = AuthorityLeaseLabelValue(r.authority)
 	lease.Annotations[AuthorityTrustedCAsAnnotation] = want.trusted
 	lease.Annotations[AuthorityBundleHashAnnotation] = want.bundleHash
 	lease.Annotations[AuthorityLeafSerialAnnotation] = want.leafSerial
@@ -539,7 +540,7 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 	if done {
 		return
 	}
-	selector := labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: r.authority}).String()
+	selector := AuthorityLeaseSelector(r.authority)
 	list, err := r.client.CoordinationV1().Leases(r.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		// The watch reports it (one failure, one message); here it only
@@ -563,7 +564,7 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 // watch keeps seen up to date from an informer on the Leases of this
 // Authority, and kicks the issuer when an announcement changes.
 func (r *replicaSet) watch(ctx context.Context, kick func()) {
-	selector := labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: r.authority}).String()
+	selector := AuthorityLeaseSelector(r.authority)
 	leases := r.client.CoordinationV1().Leases(r.namespace)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -782,6 +783,45 @@ func replicaLeaseName(authority, id string) string {
 		prefix = "replica"
 	}
 	return prefix + suffix
+}
+
+// AuthorityLeaseLabelValue is the value of AuthorityLeaseLabel on the
+// Leases of the replicas of the Authority whose CA Secret is secretName:
+// always a valid label value, so the Leases can be written and listed.
+//
+// A name that is a valid label value (every Secret name of up to 63
+// characters) is its own value, as in every earlier version, so replicas
+// of either version see each other during a rolling upgrade. Any other
+// name (a Secret name of 64 to 253 characters, which the API server
+// accepts for a Secret but refuses in a label, so every Lease write and
+// list failed) becomes its first characters, made valid and cut so the
+// value fits, then "-" and 16 hex digits of the SHA-256 of the whole
+// name: at most 63 characters, readable, and distinct for distinct names.
+func AuthorityLeaseLabelValue(secretName string) string {
+	if len(validation.IsValidLabelValue(secretName)) == 0 {
+		return secretName
+	}
+	sum := sha256.Sum256([]byte(secretName))
+	suffix := hex.EncodeToString(sum[:8])
+	readable := []byte(secretName)
+	for i, c := range readable {
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '-' && c != '_' && c != '.' {
+			readable[i] = '-'
+		}
+	}
+	readable = readable[:min(len(readable), validation.LabelValueMaxLength-len(suffix)-1)]
+	// A label value starts and ends with an alphanumeric character.
+	prefix := strings.Trim(string(readable), "-_.")
+	if prefix == "" {
+		return suffix
+	}
+	return prefix + "-" + suffix
+}
+
+// AuthorityLeaseSelector is the label selector of the Leases of the
+// replicas of the Authority whose CA Secret is secretName.
+func AuthorityLeaseSelector(secretName string) string {
+	return labels.SelectorFromSet(labels.Set{AuthorityLeaseLabel: AuthorityLeaseLabelValue(secretName)}).String()
 }
 
 // defaultReplicaID names this process: the host name (the pod name in a

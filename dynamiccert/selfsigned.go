@@ -60,8 +60,8 @@ type SelfSignedConfig struct {
 	Name string
 	// CommonName of the leaf. Default: the first DNS name in Hosts, else Name.
 	CommonName string
-	// Hosts are the DNS names and IP addresses the leaf is valid for.
-	// Default DefaultSelfSignedHosts.
+	// Hosts are the DNS names and IP addresses the leaf is valid for, each
+	// as ValidateHost accepts it. Default DefaultSelfSignedHosts.
 	Hosts []string
 	// SNINames, when set, replace the names taken from the certificate for
 	// SNI selection (see sni). Default nil.
@@ -77,12 +77,14 @@ type SelfSignedConfig struct {
 	// with the next CA.
 	KeyTypes []KeyType
 	// Lifetime of the leaf. Default DefaultSelfSignedLifetime; at least
-	// MinLifetime. NotAfter is rounded up to a whole second.
+	// MinLifetime, at most MaxLifetime (MaxLifetime/3 while CALifetime is
+	// defaulted). NotAfter is rounded up to a whole second.
 	Lifetime time.Duration
 	// RenewBefore is how long before the leaf expires it is replaced.
 	// Default Lifetime/3.
 	RenewBefore time.Duration
-	// CALifetime is the lifetime of each CA. Default 3*Lifetime.
+	// CALifetime is the lifetime of each CA. Default 3*Lifetime; at most
+	// MaxLifetime.
 	CALifetime time.Duration
 	// CARenewBefore is how long before the signing CA expires its successor
 	// is made and joins the CA bundle. Default CALifetime/3. It must exceed
@@ -145,6 +147,9 @@ func (c *SelfSignedConfig) complete() error {
 	if c.Lifetime == 0 {
 		c.Lifetime = DefaultSelfSignedLifetime
 	}
+	if err := checkLifetimes(c.Lifetime, c.CALifetime, 3); err != nil {
+		return err // before the defaults below overflow
+	}
 	if c.RenewBefore == 0 {
 		c.RenewBefore = c.Lifetime / 3
 	}
@@ -167,6 +172,9 @@ func (c *SelfSignedConfig) complete() error {
 		c.Clock = clock.RealClock{}
 	}
 	var errs []error
+	if err := ValidateHosts("Hosts", c.Hosts); err != nil {
+		errs = append(errs, err)
+	}
 	switch {
 	case c.Lifetime < 0 || c.CALifetime < 0:
 		errs = append(errs, errors.New("lifetimes must be positive"))

@@ -15,6 +15,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/sni"
 )
 
@@ -40,6 +42,11 @@ type Serving struct {
 	runners      []dynamiccertificates.ControllerRunner
 	bundleFile   *bundleFileWriter   // nil without --ca-bundle-file
 	clientCAFile *dynamiccert.FileCA // nil without --client-ca-file
+	// apiSource is the runner of --tls-secret or --ca-secret, which reads
+	// the API server (nil without either), and apiFlag names it ("--ca-secret
+	// ns/name"): RunOnce retries it until --startup-timeout.
+	apiSource dynamiccertificates.ControllerRunner
+	apiFlag   string
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -77,7 +84,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 			if err != nil {
 				return nil, fmt.Errorf("--tls-secret: %w", err)
 			}
-			s.Serving = p
+			s.Serving, s.apiSource, s.apiFlag = p, p, "--tls-secret "+o.TLSSecret
 			s.runners = append(s.runners, p)
 			break
 		}
@@ -91,7 +98,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		if err != nil {
 			return nil, fmt.Errorf("--ca-secret (%s): %w", scheduleFlags, err)
 		}
-		s.Serving, s.TrustBundle = p, p
+		s.Serving, s.TrustBundle, s.apiSource, s.apiFlag = p, p, p, "--ca-secret "+o.CASecret
 		s.runners = append(s.runners, p)
 	case len(o.SNICertKeys) == 0:
 		p, err := dynamiccert.NewSelfSigned(o.selfSignedConfig())
@@ -188,7 +195,11 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 	}, nil
 }
 
-// RunOnce loads every source once and builds the first snapshot. It fails
+// RunOnce loads every source once and builds the first snapshot. The
+// Secret of --tls-secret or --ca-secret is read again, with backoff, until
+// it loads or --startup-timeout has passed (an API server that does not
+// answer yet, a Secret not created yet); then RunOnce fails naming the
+// flag and the last error (the connection refused, say). It also fails
 // if nothing can be served, if --client-ca-file cannot be loaded (a missing
 // file, a directory, content that is not a PEM CA bundle: no client
 // certificate could ever be verified, so the server must not start as if
@@ -199,6 +210,12 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 func (s *Serving) RunOnce(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	for _, r := range s.runners {
+		if r == s.apiSource {
+			if err := s.loadFromAPI(ctx, r); err != nil {
+				return err
+			}
+			continue
+		}
 		if r == s.clientCAFile {
 			if err := r.RunOnce(ctx); err != nil {
 				// The error names the file; the provider has counted it.
@@ -249,4 +266,76 @@ func (s *Serving) Run(ctx context.Context, workers int) {
 // cache.InformerSynced.
 func (s *Serving) HasSynced() bool {
 	return s.Controller.HasSynced() && (s.bundleFile == nil || s.bundleFile.hasWritten())
+}
+
+// loadFromAPI runs RunOnce of src, the source of --tls-secret or
+// --ca-secret, until it succeeds, retrying with backoff (internal/backoff)
+// on the Options' clock, and gives up once --startup-timeout has passed
+// since the first attempt, with an error naming the flag, the timeout and
+// the last failure. An attempt still waiting for the API server at the
+// deadline is cancelled. It logs when it starts waiting and when the cause
+// changes, not at every retry; src reports each failure itself too.
+func (s *Serving) loadFromAPI(ctx context.Context, src dynamiccertificates.ControllerRunner) error {
+	logger := klog.FromContext(ctx)
+	clk, timeout := s.opts.Clock, s.opts.StartupTimeout
+	ctx, cancel := context.WithCancel(ctx)
+	expired := make(chan struct{})
+	deadline := clk.NewTimer(timeout)
+	var wg sync.WaitGroup
+	// Deferred calls run last-in first-out: cancel, then wait.
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() {
+		defer deadline.Stop()
+		select {
+		case <-deadline.C():
+			close(expired)
+			cancel() // an attempt still waiting for the API server
+		case <-ctx.Done():
+		}
+	})
+	var waiting errlog.Once
+	b := backoff.New(0, 0)
+	var last error
+	giveUp := func() error {
+		if last == nil {
+			last = errors.New("no attempt finished") // a deadline shorter than the first attempt
+		}
+		return fmt.Errorf("%s: not loaded within --startup-timeout (%v): %w", s.apiFlag, timeout, last)
+	}
+	for {
+		select {
+		case <-expired:
+			return giveUp()
+		default:
+		}
+		err := src.RunOnce(ctx)
+		if err == nil {
+			if last != nil {
+				logger.Info("Loaded the serving certificate after waiting", "source", s.apiFlag)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			select {
+			case <-expired:
+				if last == nil {
+					last = err // the first attempt, cut short at the deadline
+				}
+				return giveUp()
+			default:
+				return ctx.Err() // the caller's context ended: a shutdown
+			}
+		}
+		last = err
+		delay := b.Next(err)
+		waiting.Error(logger, err, "Start-up: cannot load the serving certificate yet; retrying with backoff until --startup-timeout",
+			"source", s.apiFlag, "startupTimeout", timeout, "retryIn", delay)
+		t := clk.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C():
+		}
+	}
 }

@@ -69,8 +69,9 @@ type Options struct {
 	CipherSuites []string
 
 	// SelfSignedHosts are the names of the embedded self-signed default,
-	// used when no certificate flag is given. Flag --self-signed-hosts,
-	// default localhost,127.0.0.1,::1.
+	// used when no certificate flag is given, and of --ca-secret's leaf:
+	// DNS names, wildcards and IP addresses (dynamiccert.ValidateHost).
+	// Flag --self-signed-hosts, default localhost,127.0.0.1,::1.
 	SelfSignedHosts []string
 	// SelfSignedKeyTypes are the key types of the self-signed default's
 	// leaves, and of --ca-secret's: one leaf per type for the same names,
@@ -80,14 +81,16 @@ type Options struct {
 	SelfSignedKeyTypes []string
 	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
 	// --self-signed-validity, default 720h, at least 1s
-	// (dynamiccert.MinLifetime).
+	// (dynamiccert.MinLifetime), at most dynamiccert.MaxLifetime, and at
+	// most its third (an eighth with --ca-secret) without CAValidity.
 	SelfSignedValidity time.Duration
 	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
 	// Flag --self-signed-renew-before, default a third of the validity.
 	SelfSignedRenewBefore time.Duration
 	// CAValidity is the lifetime of each CA of the self-signed default and
 	// --ca-secret. Flag --ca-validity, default 0: three leaf lifetimes for
-	// the self-signed default, eight for --ca-secret.
+	// the self-signed default, eight for --ca-secret. At most
+	// dynamiccert.MaxLifetime.
 	CAValidity time.Duration
 	// CARenewBefore is how long before the signing CA expires its successor
 	// is published. Flag --ca-renew-before, default 0: a third of
@@ -135,7 +138,19 @@ type Options struct {
 	// closed, with a warning naming them, and Serve returns nil. It must be
 	// positive. Flag --shutdown-timeout, default 10s.
 	ShutdownTimeout time.Duration
+	// StartupTimeout bounds how long RunOnce (and so Serve) retries, with
+	// backoff, reading --tls-secret or --ca-secret while the API server
+	// does not answer or the Secret cannot be loaded; then it fails naming
+	// the last error. It must be positive. Flag --startup-timeout, default
+	// DefaultStartupTimeout.
+	StartupTimeout time.Duration
 }
+
+// DefaultStartupTimeout is the default of --startup-timeout: long enough
+// for an API server that restarts (a control-plane upgrade) to answer
+// again, short enough that a process that cannot start says why while its
+// operator is looking.
+const DefaultStartupTimeout = 2 * time.Minute
 
 // defaultSelfSignedKeyTypes is the default of --self-signed-key-types.
 var defaultSelfSignedKeyTypes = []string{string(dynamiccert.ECDSAP256)}
@@ -153,6 +168,7 @@ func NewOptions() *Options {
 		ResyncInterval:     time.Minute,
 		Clock:              clock.RealClock{},
 		ShutdownTimeout:    10 * time.Second,
+		StartupTimeout:     DefaultStartupTimeout,
 	}
 }
 
@@ -169,12 +185,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.CipherSuites, "tls-cipher-suites", o.CipherSuites, "Comma-separated list of TLS 1.2 cipher suites (TLS 1.3 suites are always enabled and not configurable). "+
 		"Below --tls-min-version=VersionTLS13 the list must include TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 or TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, "+
 		"which HTTP/2 requires: a list without either is refused (HTTP/2 is never switched off). Go's insecure suites are refused. Possible values: "+strings.Join(acceptedCipherSuites(), ", "))
-	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names and IP addresses of the in-memory self-signed certificate served when no certificate flag is given.")
+	fs.StringSliceVar(&o.SelfSignedHosts, "self-signed-hosts", o.SelfSignedHosts, "DNS names, wildcards (*.example.com) and IP addresses of the in-memory self-signed certificate served when no certificate flag is given (and of --ca-secret's), comma separated; anything else (a port, a URL, a network) is refused.")
 	fs.StringSliceVar(&o.SelfSignedKeyTypes, "self-signed-key-types", o.SelfSignedKeyTypes, "Comma-separated key types of the self-signed certificate (and of --ca-secret's): one certificate per type for the same names, renewed together; each client gets the first it supports, ECDSA first. "+
 		"With an RSA type the CA is RSA too, so clients that cannot verify ECDSA verify every chain. All are approved in FIPS 140-3 mode. Possible values: "+strings.ReplaceAll(strings.Trim(fmt.Sprint(dynamiccert.KeyTypes), "[]"), " ", ", "))
-	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, "Lifetime of the self-signed serving certificate, at least 1s. Its CA lives three times as long.")
+	fs.DurationVar(&o.SelfSignedValidity, "self-signed-validity", o.SelfSignedValidity, fmt.Sprintf("Lifetime of the self-signed serving certificate, at least 1s. Its CA lives three times as long (eight with --ca-secret) unless --ca-validity is set, so it is at most %v (%v with --ca-secret) without --ca-validity, %v with it.",
+		dynamiccert.MaxLifetime/3, dynamiccert.MaxLifetime/8, dynamiccert.MaxLifetime))
 	fs.DurationVar(&o.SelfSignedRenewBefore, "self-signed-renew-before", o.SelfSignedRenewBefore, "How long before expiry the self-signed certificate is renewed. 0 means a third of --self-signed-validity.")
-	fs.DurationVar(&o.CAValidity, "ca-validity", o.CAValidity, "Lifetime of each CA of the self-signed default and --ca-secret. 0 means three --self-signed-validity (eight with --ca-secret).")
+	fs.DurationVar(&o.CAValidity, "ca-validity", o.CAValidity, "Lifetime of each CA of the self-signed default and --ca-secret, at most "+dynamiccert.MaxLifetime.String()+". 0 means three --self-signed-validity (eight with --ca-secret).")
 	fs.DurationVar(&o.CARenewBefore, "ca-renew-before", o.CARenewBefore, "How long before the signing CA expires its successor joins the published bundles. 0 means a third of --ca-validity.")
 	fs.DurationVar(&o.CAPropagationDelay, "ca-propagation-delay", o.CAPropagationDelay, "Minimum time a published successor CA waits before it signs, for clients evercert cannot observe; it also waits until every caBundle target, the --ca-bundle-file and every live replica hold it. 0 means a quarter of (--ca-renew-before minus --self-signed-renew-before).")
 	fs.DurationVar(&o.ClockSkewTolerance, "clock-skew-tolerance", o.ClockSkewTolerance, "Clock skew tolerated between replicas and clients; certificates are backdated by it. 0 means one hour, or a quarter of --self-signed-renew-before when shorter.")
@@ -183,6 +200,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "namespace/name of a Secret that holds a CA shared by every replica (created if missing); each replica serves its own leaf for --self-signed-hosts signed by it.")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "How long in-flight requests may take to finish after SIGTERM. Connections still open then (a slow request, a client that does not read its response, a stalled handshake) are closed, a warning names them, and the server exits 0. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file for --tls-secret and --ca-secret; empty means the in-cluster config.")
+	fs.DurationVar(&o.StartupTimeout, "startup-timeout", o.StartupTimeout, "How long start-up retries, with backoff, reading --tls-secret or --ca-secret while the API server does not answer or the Secret cannot be loaded; then the process exits naming the last error.")
 }
 
 // Validate checks every option and returns one error per bad value, each
@@ -219,12 +237,20 @@ func (o *Options) Validate() []error {
 			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
 		}
 	}
+	if o.StartupTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--startup-timeout: %v must be positive", o.StartupTimeout))
+	} else if o.StartupTimeout != DefaultStartupTimeout && o.TLSSecret == "" && o.CASecret == "" {
+		errs = append(errs, errors.New("--startup-timeout: only used with --tls-secret or --ca-secret"))
+	}
 	if o.Kubeconfig != "" && o.TLSSecret == "" && o.CASecret == "" && !o.KubeconfigUsedElsewhere {
 		errs = append(errs, errors.New("--kubeconfig: only used with --tls-secret or --ca-secret"))
 	}
 	for i, nck := range o.SNICertKeys {
 		if nck.CertFile == "" || nck.KeyFile == "" {
 			errs = append(errs, fmt.Errorf("--tls-sni-cert-key[%d]: both a certificate and a key file are required", i))
+		}
+		if err := dynamiccert.ValidateHosts(fmt.Sprintf("--tls-sni-cert-key[%d] names", i), nck.Names); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if _, err := cliflag.TLSVersion(o.MinTLSVersion); err != nil {
@@ -242,11 +268,24 @@ func (o *Options) Validate() []error {
 	if o.usesSelfSigned() || o.CASecret != "" {
 		if len(o.SelfSignedHosts) == 0 {
 			errs = append(errs, errors.New("--self-signed-hosts: at least one name is required"))
+		} else if err := dynamiccert.ValidateHosts("--self-signed-hosts", o.SelfSignedHosts); err != nil {
+			errs = append(errs, err)
+		}
+		// The CA lives caFactor leaf lifetimes unless --ca-validity says
+		// otherwise (see its help).
+		caFactor, caSource := int64(3), "the self-signed default"
+		if o.CASecret != "" {
+			caFactor, caSource = 8, "--ca-secret"
 		}
 		if o.SelfSignedValidity < dynamiccert.MinLifetime {
 			// X.509 cannot express less, and a leaf is re-issued at most
 			// once per dynamiccert.MinReissueInterval.
 			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at least %v", o.SelfSignedValidity, dynamiccert.MinLifetime))
+		} else if o.SelfSignedValidity > dynamiccert.MaxLifetime {
+			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at most %v", o.SelfSignedValidity, dynamiccert.MaxLifetime))
+		} else if limit := dynamiccert.MaxLifetime / time.Duration(caFactor); o.CAValidity == 0 && o.SelfSignedValidity > limit {
+			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at most %v without --ca-validity: the CA of %s then lives %d times as long, at most %v; set --ca-validity for a longer leaf",
+				o.SelfSignedValidity, limit, caSource, caFactor, dynamiccert.MaxLifetime))
 		} else if o.SelfSignedRenewBefore < 0 || o.SelfSignedRenewBefore >= o.SelfSignedValidity {
 			errs = append(errs, fmt.Errorf("--self-signed-renew-before: %v must be between 0 and --self-signed-validity (%v)", o.SelfSignedRenewBefore, o.SelfSignedValidity))
 		}
@@ -254,6 +293,9 @@ func (o *Options) Validate() []error {
 			if v < 0 {
 				errs = append(errs, fmt.Errorf("%s: %v must not be negative", flag, v))
 			}
+		}
+		if o.CAValidity > dynamiccert.MaxLifetime {
+			errs = append(errs, fmt.Errorf("--ca-validity: %v must be at most %v", o.CAValidity, dynamiccert.MaxLifetime))
 		}
 		if _, err := dynamiccert.ParseKeyTypes(o.SelfSignedKeyTypes); err != nil {
 			errs = append(errs, fmt.Errorf("--self-signed-key-types: %w", err))

@@ -89,6 +89,20 @@ func TestBadFlagValues(t *testing.T) {
 		{[]string{"--self-signed-key-types=rsa-2048,RSA-2048"}, "--self-signed-key-types"},
 		{[]string{"--self-signed-key-types="}, "--self-signed-key-types"},
 		{[]string{"--tls-cert-file=a", "--tls-private-key-file=b", "--self-signed-key-types=ecdsa-p256,rsa-2048"}, "--self-signed-key-types"},
+		// Hosts that would become SANs no client verifies (issue 27).
+		{[]string{"--self-signed-hosts=host:443"}, `--self-signed-hosts[0]: "host:443" is a host and a port`},
+		{[]string{"--self-signed-hosts=https://host"}, `--self-signed-hosts[0]: "https://host" is a URL`},
+		{[]string{"--self-signed-hosts=a, b"}, `--self-signed-hosts[1]: " b" is several names or spaces`},
+		{[]string{"--self-signed-hosts=10.0.0.1/32"}, `--self-signed-hosts[0]: "10.0.0.1/32" is a network (CIDR)`},
+		{[]string{"--ca-secret=ns/ca", "--self-signed-hosts=webhook.ns.svc,webhook.ns.svc:443"}, `--self-signed-hosts[1]: "webhook.ns.svc:443"`},
+		{[]string{"--tls-sni-cert-key=a.crt,a.key:a.test,10.0.0.0/8"}, `--tls-sni-cert-key[0] names[1]: "10.0.0.0/8"`},
+		// Lifetimes whose CA lifetime overflowed (issue 27).
+		{[]string{"--ca-secret=ns/ca", "--self-signed-validity=350400h"}, "--self-signed-validity: 350400h0m0s must be at most 219000h0m0s without --ca-validity: the CA of --ca-secret then lives 8 times as long, at most 1752000h0m0s"},
+		{[]string{"--self-signed-validity=876000h"}, "--self-signed-validity: 876000h0m0s must be at most 584000h0m0s without --ca-validity"},
+		{[]string{"--self-signed-validity=2000000h", "--ca-validity=1000000h"}, "--self-signed-validity: 2000000h0m0s must be at most 1752000h0m0s"},
+		{[]string{"--ca-validity=2000000h"}, "--ca-validity: 2000000h0m0s must be at most 1752000h0m0s"},
+		{[]string{"--ca-secret=ns/ca", "--startup-timeout=0s"}, "--startup-timeout: 0s must be positive"},
+		{[]string{"--startup-timeout=1m"}, "--startup-timeout: only used with --tls-secret or --ca-secret"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parse(t, tc.args...)
@@ -168,4 +182,26 @@ contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `), 0o600))
 	return path
+}
+
+// TestHostsAndLifetimeFlagsAccepted: DNS names, wildcards and IPs pass,
+// and a leaf of 40 years with --ca-secret builds once --ca-validity is
+// set (without it the 8 × default used to overflow into "lifetimes must be
+// positive", now refused by Validate naming the flag).
+func TestHostsAndLifetimeFlagsAccepted(t *testing.T) {
+	o, err := parse(t, "--self-signed-hosts=*.example.com,Example.com,10.0.0.1,::1")
+	require.NoError(t, err)
+	_, err = o.Build()
+	require.NoError(t, err)
+
+	o, err = parse(t, "--ca-secret=ns/ca", "--kubeconfig="+writeKubeconfig(t), "--self-signed-validity=350400h", "--ca-validity=1000000h")
+	require.NoError(t, err)
+	s, err := o.Build()
+	require.NoError(t, err)
+	assert.Equal(t, 1000000*time.Hour, s.TrustBundle.(*dynamiccert.Authority).Config().CALifetime)
+
+	o, err = parse(t, "--ca-secret=ns/ca", "--kubeconfig="+writeKubeconfig(t), "--self-signed-validity=219000h")
+	require.NoError(t, err, "the longest leaf with --ca-secret's default CA lifetime")
+	_, err = o.Build()
+	require.NoError(t, err)
 }

@@ -18,7 +18,6 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -131,7 +130,7 @@ func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Con
 // waitLeases waits until the Leases of secret announce the given leaves.
 func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replicas ...*dynamiccert.Authority) {
 	t.Helper()
-	sel := labels.SelectorFromSet(labels.Set{dynamiccert.AuthorityLeaseLabel: secret}).String()
+	sel := dynamiccert.AuthorityLeaseSelector(secret)
 	require.Eventually(t, func() bool {
 		list, err := admin.CoordinationV1().Leases(cliNS).List(context.Background(), metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
@@ -245,6 +244,36 @@ func TestCLIStatus(t *testing.T) {
 	assert.ElementsMatch(t, []string{"replica-a", "replica-b"}, rep.Successor.PendingObservers,
 		"both live replicas are still inside the minimum propagation delay")
 	assert.Len(t, rep.Bundle, 2)
+}
+
+// TestCLIStatusLongSecretName: two replicas of the Authority of a Secret
+// whose name is 69 characters long (valid for a Secret, too long for a
+// label value) on a real kube-apiserver: both write their Lease, each
+// sees the other, and status lists both as live. Before, the name was
+// copied into the Lease label: every Lease write was Invalid, the list
+// failed, and the replicas stopped waiting for each other without a word.
+func TestCLIStatusLongSecretName(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	secret := "long-" + strings.Repeat("x", 64)
+	a := startReplica(t, r, admin, secret, "replica-a")
+	b := startReplica(t, r, admin, secret, "replica-b")
+	waitLeases(t, admin, secret, a, b)
+	for _, x := range []*dynamiccert.Authority{a, b} {
+		require.Eventually(t, func() bool { return len(x.ServedChains()) == 2 }, time.Minute, 50*time.Millisecond,
+			"%s sees both replicas: %v", x.ReplicaID(), x.ServedChains())
+	}
+	code, out := cli(t, []string{"KUBECONFIG=" + kubeconfig}, "status", secret, "-o", "json")
+	require.Equal(t, exitOK, code, out)
+	var rep statusReport
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep), "status -o json")
+	require.Len(t, rep.Replicas, 2, "status finds both Leases by the same label")
+	var ids []string
+	for _, got := range rep.Replicas {
+		ids = append(ids, got.ID)
+		assert.True(t, got.Live, "%s is live", got.ID)
+	}
+	assert.ElementsMatch(t, []string{a.ReplicaID(), b.ReplicaID()}, ids)
 }
 
 // TestCLIRotate: rotate sets evercert.io/rotate-requested (RFC 3339) on

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/evercert/evercert/dynamiccert"
 )
@@ -37,7 +36,7 @@ type replica struct {
 // replicas lists the Leases of the Authority whose CA Secret is secret, by
 // Lease name.
 func (k *kube) replicas(ctx context.Context, secret string, now time.Time) ([]replica, error) {
-	selector := labels.SelectorFromSet(labels.Set{dynamiccert.AuthorityLeaseLabel: secret}).String()
+	selector := dynamiccert.AuthorityLeaseSelector(secret)
 	leases, err := k.client.CoordinationV1().Leases(k.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return nil, fmt.Errorf("listing the replica Leases (%s) in namespace %s: %w", selector, k.namespace, err)

@@ -192,6 +192,9 @@ func (o *Options) Validate() error {
 	if o.SelfcheckInterval < 0 {
 		errs = append(errs, fmt.Errorf("--loopback-selfcheck-interval %v must not be negative", o.SelfcheckInterval))
 	}
+	if err := dynamiccert.ValidateHosts("--self-signed-hosts", o.SelfSignedHosts); err != nil {
+		errs = append(errs, err)
+	}
 	if o.SelfSignedValidity < MinSelfSignedValidity {
 		errs = append(errs, fmt.Errorf("--self-signed-validity %v must be at least %v", o.SelfSignedValidity, MinSelfSignedValidity))
 	}

@@ -65,3 +65,20 @@ func TestOptionsAggregationFlags(t *testing.T) {
 	_, err = parse("--kubeconfig=/k", "--apiservice-service=a/b", "--tls-cert-file=/c", "--tls-private-key-file=/k", "--apiservice-ca-file=/ca")
 	assert.NoError(t, err, "certificate files with a CA bundle file to publish")
 }
+
+// TestOptionsSelfSignedHosts: --self-signed-hosts accepts DNS names,
+// wildcards and IPs and refuses a host with a port, naming the flag and
+// the value (issue 27; before, it became a SAN no client verifies).
+func TestOptionsSelfSignedHosts(t *testing.T) {
+	parse := func(args ...string) error {
+		o := app.NewOptions()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		require.NoError(t, fs.Parse(args))
+		return o.Validate()
+	}
+	require.NoError(t, parse("--self-signed-hosts=api.example.test,*.example.test,10.0.0.1"))
+	err := parse("--self-signed-hosts=api.example.test:443")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `--self-signed-hosts[0]: "api.example.test:443" is a host and a port`)
+}

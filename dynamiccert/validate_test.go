@@ -1,0 +1,113 @@
+package dynamiccert
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// TestValidateHost: DNS names, wildcards and IP addresses are accepted;
+// what would become a SAN no client verifies is refused, and the error
+// quotes the value and says what it looks like.
+func TestValidateHost(t *testing.T) {
+	for _, h := range []string{
+		"localhost", "webhook.ns.svc", "webhook.ns.svc.cluster.local", "Webhook.Example.COM", "a", "1a.b-c.d",
+		"*.example.com", "*.svc", "127.0.0.1", "::1", "10.0.0.1", "2001:db8::1", "::ffff:10.0.0.1",
+		strings.Repeat("a", 63) + "." + strings.Repeat("b", 63),
+	} {
+		assert.NoError(t, ValidateHost(h), "%q", h)
+	}
+	for _, tc := range []struct{ host, why string }{
+		{"", "empty"},
+		{"host:443", "a host and a port"},
+		{"webhook.ns.svc:8443", "a host and a port"},
+		{"[::1]:443", "a host and a port"},
+		{"127.0.0.1:443", "a host and a port"},
+		{"https://host", "a URL"},
+		{"http://10.0.0.1/", "a URL"},
+		{" b", "spaces"},
+		{"a, b", "several names"},
+		{"a,b", "several names"},
+		{"10.0.0.1/32", "a network (CIDR)"},
+		{"fd00::/64", "a network (CIDR)"},
+		{"a/b", "a path or network"},
+		{"fe80::1%eth0", "with a zone"},
+		{"*", "a wildcard other than"},
+		{"*example.com", "a wildcard other than"},
+		{"a.*.example.com", "a wildcard other than"},
+		{"*.*.example.com", "a wildcard other than"},
+		{"example.com.", "trailing dot"},
+		{"under_score.example", "not a DNS name"},
+		{"-leading.example", "not a DNS name"},
+		{"a..b", "not a DNS name"},
+		{"ünïcode.example", "not a DNS name"},
+		{strings.Repeat("a", 64) + ".example", "not a DNS name"},
+		{"256.1.1.1", ""}, // a valid DNS name by RFC 1123, so accepted
+	} {
+		err := ValidateHost(tc.host)
+		if tc.why == "" {
+			assert.NoError(t, err, "%q", tc.host)
+			continue
+		}
+		if assert.Error(t, err, "%q", tc.host) {
+			assert.Contains(t, err.Error(), `"`+tc.host+`"`, "the error quotes the value")
+			assert.Contains(t, err.Error(), tc.why)
+			assert.Contains(t, err.Error(), "want a DNS name, a wildcard (*.example.com) or an IP address")
+		}
+	}
+	err := ValidateHosts("--self-signed-hosts", []string{"ok.example", "host:443", "10.0.0.1"})
+	require.Error(t, err)
+	assert.Equal(t, `--self-signed-hosts[1]: "host:443" is a host and a port; give the host alone: want a DNS name, a wildcard (*.example.com) or an IP address`, err.Error())
+	assert.NoError(t, ValidateHosts("Hosts", DefaultSelfSignedHosts))
+}
+
+// TestProvidersRefuseBadHosts: NewSelfSigned and NewAuthority refuse a
+// host that is not a DNS name, a wildcard or an IP, naming the field, its
+// index and the value. Before, each was accepted and made into a DNS SAN
+// ("host:443", " b", "10.0.0.1/32") that no client verifies.
+func TestProvidersRefuseBadHosts(t *testing.T) {
+	for _, bad := range []string{"host:443", "https://host", " b", "10.0.0.1/32"} {
+		_, err := NewSelfSigned(SelfSignedConfig{Hosts: []string{"localhost", bad}})
+		if assert.Error(t, err, "self-signed %q", bad) {
+			assert.Contains(t, err.Error(), `Hosts[1]: "`+bad+`"`)
+		}
+		_, err = NewAuthority(AuthorityConfig{Namespace: "ns", SecretName: "ca", Client: fake.NewClientset(), Hosts: []string{bad}})
+		if assert.Error(t, err, "authority %q", bad) {
+			assert.Contains(t, err.Error(), `authority ns/ca: Hosts[0]: "`+bad+`"`)
+		}
+	}
+	_, err := NewAuthority(AuthorityConfig{Namespace: "ns", SecretName: "ca", Client: fake.NewClientset(), Hosts: []string{"*.webhook.ns.svc", "webhook.ns.svc", "10.0.0.1"}})
+	assert.NoError(t, err)
+}
+
+// TestLifetimeLimit: a leaf Lifetime whose default CA lifetime (8 × for an
+// Authority, 3 × for SelfSigned) would not fit is refused with the field
+// and the limit named, as is a Lifetime or CALifetime beyond MaxLifetime.
+// Before, a 40-year Authority leaf overflowed 8 × Lifetime into a negative
+// CA lifetime and failed with "lifetimes must be positive".
+func TestLifetimeLimit(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	authority := func(lifetime, caLifetime time.Duration) error {
+		_, err := NewAuthority(AuthorityConfig{
+			Namespace: "ns", SecretName: "ca", Client: fake.NewClientset(), Hosts: []string{"localhost"},
+			Lifetime: lifetime, CALifetime: caLifetime, Clock: clocktesting.NewFakeClock(testNow),
+		})
+		return err
+	}
+	err := authority(40*year, 0)
+	require.Error(t, err)
+	assert.Equal(t, "authority ns/ca: Lifetime 350400h0m0s must be at most 219000h0m0s while CALifetime is left to its default, 8 × Lifetime, which must be at most 1752000h0m0s (MaxLifetime); set CALifetime to allow a longer Lifetime", err.Error())
+	assert.NoError(t, authority(25*year, 0), "the longest Lifetime with the default CALifetime")
+	assert.NoError(t, authority(40*year, 100*year), "a longer Lifetime with CALifetime set")
+	assert.ErrorContains(t, authority(40*year, 250*year), "CALifetime 2190000h0m0s must be at most 1752000h0m0s (MaxLifetime)")
+	assert.ErrorContains(t, authority(201*year, 0), "Lifetime 1760760h0m0s must be at most 1752000h0m0s (MaxLifetime)")
+
+	_, err = NewSelfSigned(SelfSignedConfig{Lifetime: 100 * year, Clock: clocktesting.NewFakeClock(testNow)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Lifetime 876000h0m0s must be at most 584000h0m0s while CALifetime is left to its default, 3 × Lifetime")
+}
