@@ -278,27 +278,9 @@ type verdict struct {
 // renewTime, and a leaf the Lease has not retired; see announcementMark).
 // r.mu must be held.
 func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
-	encoded, signed := l.Annotations[AuthoritySignatureAnnotation]
-	if !signed {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementUnsigned,
-			err: errors.New("the Lease carries no signature (an evercert release from before signed announcements, or a replica without a leaf yet): it is not waited for, and confirms nothing, until it is upgraded")}}
-	}
-	sig, err := base64.StdEncoding.DecodeString(encoded)
-	if err != nil || len(sig) == 0 {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s is not base64", AuthoritySignatureAnnotation)}}
-	}
-	leaf := parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation])
-	if leaf == nil {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s holds no certificate", AuthorityLeafAnnotation)}}
-	}
-	if l.Spec.RenewTime == nil {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementGarbled, err: errors.New("the Lease has no renewTime")}}
-	}
-	if err := verifyAnnouncementSignature(leaf.PublicKey, announcementMessage(l), sig); err != nil {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementForged, err: err}}
-	}
-	if l.Annotations[AuthorityLeafSerialAnnotation] != serial(leaf) {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s is not the announced leaf's serial", AuthorityLeafSerialAnnotation)}}
+	leaf, sig, rej := checkSignedAnnouncement(l)
+	if rej != nil {
+		return verdict{rejected: rej}
 	}
 	renew := l.Spec.RenewTime.Truncate(time.Microsecond)
 	mark, marked := r.marks[l.Name]
@@ -326,23 +308,118 @@ func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
 	if !r.rootsKnown {
 		return verdict{rejected: &rejection{hold: true}}
 	}
+	if rej := checkAnnouncedLeaf(leaf, r.names, r.roots); rej != nil {
+		return verdict{rejected: rej}
+	}
+	return verdict{leaf: leaf, renew: renew, sig: sig}
+}
+
+// checkSignedAnnouncement checks what l alone can tell: it carries a
+// signature that verifies over what it says with the key of the leaf it
+// announces, a renewTime, and that leaf's serial. It returns the leaf and
+// the signature.
+func checkSignedAnnouncement(l *coordinationv1.Lease) (*x509.Certificate, []byte, *rejection) {
+	encoded, signed := l.Annotations[AuthoritySignatureAnnotation]
+	if !signed {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementUnsigned,
+			err: errors.New("the Lease carries no signature (an evercert release from before signed announcements, or a replica without a leaf yet): it is not waited for, and confirms nothing, until it is upgraded")}
+	}
+	sig, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil || len(sig) == 0 {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s is not base64", AuthoritySignatureAnnotation)}
+	}
+	leaf := parseAnnouncedLeaf(l.Annotations[AuthorityLeafAnnotation])
+	if leaf == nil {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s holds no certificate", AuthorityLeafAnnotation)}
+	}
+	if l.Spec.RenewTime == nil {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: errors.New("the Lease has no renewTime")}
+	}
+	if err := verifyAnnouncementSignature(leaf.PublicKey, announcementMessage(l), sig); err != nil {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementForged, err: err}
+	}
+	if l.Annotations[AuthorityLeafSerialAnnotation] != serial(leaf) {
+		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s is not the announced leaf's serial", AuthorityLeafSerialAnnotation)}
+	}
+	return leaf, sig, nil
+}
+
+// checkAnnouncedLeaf checks that leaf is one the Authority issued to a
+// replica: for its names (leafNames; "" checks none) and signed by one of
+// roots, the CAs of the Secret.
+func checkAnnouncedLeaf(leaf *x509.Certificate, names string, roots []*x509.Certificate) *rejection {
 	// A leaf for this Authority's own names: the Authority's CA also signs
 	// leaves for others (podcert's PodCertificateRequests, SignLeaf), and
 	// their holders must not confirm anything for its replicas.
-	if r.names != "" && leafNames(leaf.DNSNames, leaf.IPAddresses) != r.names {
-		return verdict{rejected: &rejection{reason: certmetrics.AnnouncementForged,
-			err: fmt.Errorf("the announced leaf (serial %s) is for %s, not for this Authority's names %s", serial(leaf), leafNames(leaf.DNSNames, leaf.IPAddresses), r.names)}}
+	if names != "" && leafNames(leaf.DNSNames, leaf.IPAddresses) != names {
+		return &rejection{reason: certmetrics.AnnouncementForged,
+			err: fmt.Errorf("the announced leaf (serial %s) is for %s, not for this Authority's names %s", serial(leaf), leafNames(leaf.DNSNames, leaf.IPAddresses), names)}
 	}
 	// Chains to a CA in the Secret, by signature only: validity periods are
 	// not checked here (clock skew is judged elsewhere, from believed
 	// announcements only), and a leaf needs no intermediates.
-	for _, ca := range r.roots {
+	for _, ca := range roots {
 		if leaf.CheckSignatureFrom(ca) == nil {
-			return verdict{leaf: leaf, renew: renew, sig: sig}
+			return nil
 		}
 	}
-	return verdict{rejected: &rejection{reason: certmetrics.AnnouncementForged, hold: true,
-		err: fmt.Errorf("the announced leaf (serial %s, issuer %q) does not chain to a CA in the CA Secret", serial(leaf), leaf.Issuer.CommonName)}}
+	return &rejection{reason: certmetrics.AnnouncementForged, hold: true,
+		err: fmt.Errorf("the announced leaf (serial %s, issuer %q) does not chain to a CA in the CA Secret", serial(leaf), leaf.Issuer.CommonName)}
+}
+
+// AnnouncementError is why VerifyAnnouncement does not believe a replica
+// announcement.
+type AnnouncementError struct {
+	// Reason is "unsigned", "garbled" or "forged": the reason label the
+	// Authority counts the same rejection under in
+	// evercert_replica_announcements_rejected_total.
+	Reason string
+	// Err says what is wrong.
+	Err error
+}
+
+func (e *AnnouncementError) Error() string { return e.Reason + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *AnnouncementError) Unwrap() error { return e.Err }
+
+// VerifyAnnouncement checks the announcement in a replica's Lease as the
+// Authority's replicas check each other's before they believe one, and
+// returns the announced leaf: the Lease is signed
+// (AuthoritySignatureAnnotation) with the key of the leaf it announces,
+// over everything it announces; the leaf serial annotation is that
+// leaf's; the leaf is signed by one of cas, the CAs the CA Secret holds
+// (tls.crt, next.crt and ca.crt); and, when hosts is not empty (the
+// Authority's AuthorityConfig.Hosts), the leaf is for exactly those names,
+// since the Authority's CA also signs leaves for others (podcert,
+// SignLeaf) whose holders could otherwise announce. An announcement that
+// fails is an *AnnouncementError.
+//
+// What one read cannot check is replay: a replica also refuses an
+// announcement older than the last one it believed for the same Lease,
+// which takes the history a running replica keeps.
+func VerifyAnnouncement(l *coordinationv1.Lease, cas []*x509.Certificate, hosts []string) (*x509.Certificate, error) {
+	leaf, _, rej := checkSignedAnnouncement(l)
+	if rej == nil {
+		names := ""
+		if len(hosts) > 0 {
+			var dnsNames []string
+			var ips []net.IP
+			for _, h := range hosts {
+				if ip := net.ParseIP(h); ip != nil {
+					ips = append(ips, ip)
+				} else {
+					dnsNames = append(dnsNames, h)
+				}
+			}
+			names = leafNames(dnsNames, ips)
+		}
+		rej = checkAnnouncedLeaf(leaf, names, cas)
+	}
+	if rej != nil {
+		return nil, &AnnouncementError{Reason: rej.reason, Err: rej.err}
+	}
+	return leaf, nil
 }
 
 // rejectLocked counts and logs (once per Lease and reason) an announcement

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -390,4 +391,72 @@ func TestAnnouncementFromAnotherLeafOfTheCADoesNotPromote(t *testing.T) {
 		require.Contains(t, w.replicas[0].Status().Successor.Pending, "replica/r1")
 	}
 	require.Positive(t, rejected(t, w.replicas[0], certmetrics.AnnouncementForged), "announcements signed with another leaf of the CA are counted as forged")
+}
+
+// TestVerifyAnnouncement: the exported check (the CLI's) believes what the
+// replicas believe and rejects, with the reason they count it under, what
+// they reject: a genuine announcement verifies and returns its leaf; the
+// same announcement under another Lease name, or edited, is forged; one
+// whose leaf is from another CA, or (with hosts) for other names, is
+// forged; no signature is unsigned; a signature that is not base64 is
+// garbled.
+func TestVerifyAnnouncement(t *testing.T) {
+	now := time.Now()
+	ca, err := pki.NewCA(pki.Request{CommonName: "ca", Now: now, Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "svc", DNSNames: []string{"svc.ns.svc", "Localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Now: now, Lifetime: time.Hour})
+	require.NoError(t, err)
+	cas := []*x509.Certificate{ca.Cert}
+	announce := func(name string, l *pki.Issued) *coordinationv1.Lease {
+		holder, duration := "r0", int32(15)
+		lease := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{AuthorityLeaseLabel: "ca"},
+				Annotations: map[string]string{AuthorityTrustedCAsAnnotation: Fingerprint(ca.Cert),
+					AuthorityLeafAnnotation: string(leafCertPEM(l.Cert)), AuthorityLeafSerialAnnotation: serial(l.Cert)}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, RenewTime: &metav1.MicroTime{Time: now}},
+		}
+		require.NoError(t, signAnnouncement(lease, l.Key))
+		return lease
+	}
+	reason := func(err error) string {
+		t.Helper()
+		var ae *AnnouncementError
+		require.ErrorAs(t, err, &ae)
+		return ae.Reason
+	}
+
+	got, err := VerifyAnnouncement(announce("ca-r0", leaf), cas, nil)
+	require.NoError(t, err)
+	require.True(t, got.Equal(leaf.Cert), "the announced leaf")
+	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"localhost", "127.0.0.1", "svc.ns.svc"})
+	require.NoError(t, err, "the Authority's hosts, in any order and case")
+
+	moved := announce("ca-r0", leaf)
+	moved.Name = "ca-r9"
+	_, err = VerifyAnnouncement(moved, cas, nil)
+	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "copied into another Lease")
+	require.ErrorContains(t, err, "signature does not verify")
+
+	edited := announce("ca-r0", leaf)
+	edited.Annotations[AuthorityTrustedCAsAnnotation] += ",0000"
+	_, err = VerifyAnnouncement(edited, cas, nil)
+	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "edited after signing")
+
+	_, err = VerifyAnnouncement(announce("ca-r0", foreignLeaf(t, now)), cas, nil)
+	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "a leaf of another CA")
+	require.ErrorContains(t, err, "does not chain to a CA in the CA Secret")
+
+	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"other.ns.svc"})
+	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "a leaf of the CA for other names")
+	require.ErrorContains(t, err, "not for this Authority's names")
+
+	unsigned := announce("ca-r0", leaf)
+	delete(unsigned.Annotations, AuthoritySignatureAnnotation)
+	_, err = VerifyAnnouncement(unsigned, cas, nil)
+	require.Equal(t, certmetrics.AnnouncementUnsigned, reason(err))
+
+	garbled := announce("ca-r0", leaf)
+	garbled.Annotations[AuthoritySignatureAnnotation] = "not base64!"
+	_, err = VerifyAnnouncement(garbled, cas, nil)
+	require.Equal(t, certmetrics.AnnouncementGarbled, reason(err))
 }

@@ -47,6 +47,7 @@ type Serving struct {
 	// ns/name"): RunOnce retries it until --startup-timeout.
 	apiSource dynamiccertificates.ControllerRunner
 	apiFlag   string
+	events       *eventSink          // nil without --tls-secret or --ca-secret
 
 	addrMu    sync.Mutex
 	addr      net.Addr
@@ -56,7 +57,17 @@ type Serving struct {
 // Build validates o and makes the providers and the sni controller. extraSNI
 // providers (a loopback certificate, say) come first in SNI precedence.
 // Nothing runs until Run.
+//
+// The providers of --tls-secret and --ca-secret send their Events (see
+// dynamiccert's Reason constants) about the Secret, in its namespace, as
+// EventsReportingController; RBAC must allow creating and patching
+// events.k8s.io Events there.
 func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvider) (*Serving, error) {
+	return o.build(o.kubeClient, extraSNI...)
+}
+
+// build is Build with the client for Secret sources made by kubeClient.
+func (o *Options) build(kubeClient func() (kubernetes.Interface, error), extraSNI ...dynamiccertificates.SNICertKeyContentProvider) (*Serving, error) {
 	if errs := o.Validate(); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -74,13 +85,15 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 		s.Serving = p
 		s.runners = append(s.runners, p)
 	case o.TLSSecret != "" || o.CASecret != "":
-		client, err := o.kubeClient()
+		client, err := kubeClient()
 		if err != nil {
 			return nil, err
 		}
+		s.events = newEventSink(client)
 		if o.TLSSecret != "" {
 			ns, name, _ := splitNamespacedName(o.TLSSecret)
-			p, err := dynamiccert.NewSecretCertKey(dynamiccert.SecretConfig{Name: "tls-secret", Namespace: ns, SecretName: name, Client: client, Clock: o.Clock})
+			p, err := dynamiccert.NewSecretCertKey(dynamiccert.SecretConfig{Name: "tls-secret", Namespace: ns, SecretName: name, Client: client, Clock: o.Clock,
+				EventRecorder: s.events.recorder})
 			if err != nil {
 				return nil, fmt.Errorf("--tls-secret: %w", err)
 			}
@@ -93,7 +106,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
 			Hosts: o.SelfSignedHosts, KeyTypes: o.keyTypes(), Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
-			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock,
+			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock, EventRecorder: s.events.recorder,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("--ca-secret (%s): %w", scheduleFlags, err)
@@ -204,11 +217,18 @@ func (o *Options) baseTLSConfig() (*tls.Config, error) {
 // file, a directory, content that is not a PEM CA bundle: no client
 // certificate could ever be verified, so the server must not start as if
 // it could; the error names the flag and the file), or if --ca-bundle-file
-// cannot be written. Another source that fails alone (an SNI file that does
+// cannot be written; a failed RunOnce also stops sending Events, as Run's
+// end does. Another source that fails alone (an SNI file that does
 // not exist yet) is logged and retried by Run. Call it before Run when
 // start-up must fail fast; Serve does.
-func (s *Serving) RunOnce(ctx context.Context) error {
+func (s *Serving) RunOnce(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
+	s.events.start(logger)
+	defer func() {
+		if err != nil {
+			s.events.stop() // start-up failed: Run is not to follow
+		}
+	}()
 	for _, r := range s.runners {
 		if r == s.apiSource {
 			if err := s.loadFromAPI(ctx, r); err != nil {
@@ -249,6 +269,10 @@ func (s *Serving) Run(ctx context.Context, workers int) {
 	if workers < 1 {
 		workers = 1
 	}
+	s.events.start(klog.FromContext(ctx))
+	// Deferred calls run last-in first-out: every provider has stopped
+	// (no more Events) before the sink stops.
+	defer s.events.stop()
 	var wg sync.WaitGroup
 	for _, r := range s.runners {
 		wg.Go(func() { r.Run(ctx, 1) })

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // checkReport is what `check` prints (-o json: this structure).
@@ -127,12 +129,18 @@ func runCheck(prog string, args []string, stdout io.Writer) error {
 		rep.CA = nil
 	}
 	if authority != "" {
-		replicas, err := k.replicas(ctx, authority, now)
+		secret, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, authority, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("--authority: reading the CA Secret %s/%s: %w", k.namespace, authority, err)
+		}
+		replicas, err := k.replicas(ctx, authority, now, secretCAs(secret), nil)
 		if err != nil {
 			return err
 		}
 		for _, r := range replicas {
-			if (r.leaf != nil && r.leaf.Equal(leaf)) || (r.leaf == nil && strings.EqualFold(r.LeafSerial, rep.Leaf.Serial)) {
+			// Only a verified announcement names a replica: anyone who may
+			// write Leases can copy a served leaf into one.
+			if r.Verified && r.leaf.Equal(leaf) {
 				rep.Replica = r.ID
 				break
 			}

@@ -4,6 +4,11 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -16,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -508,4 +514,173 @@ func TestCLIRotateActedOnByAuthorities(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	require.Equal(t, exitOK, code, "status after the emergency rotation: %s", out)
+}
+
+// TestCLIStatusRejectsForgedLeases: two Authority replicas and a published
+// webhook, and two Leases with the Authority's label written by someone
+// who may write Leases but holds no leaf of the Authority: one carries
+// replica-b's ID and its leaf, copied, with a signature made by another
+// key; one a made-up ID and replica-a's leaf, unsigned. status shows both
+// as rejected with the reason, in JSON and text, counts neither as a
+// replica (the webhook's check, the successor's pending observers), is
+// unhealthy because of them (exit 3), and reports replica-b as the genuine
+// replica it is.
+func TestCLIStatusRejectsForgedLeases(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	const secret = "forged-ca"
+	a := startReplica(t, r, admin, secret, "replica-a")
+	b := startReplica(t, r, admin, secret, "replica-b")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	publish(t, r, admin, cfg, a, "forged-webhook")
+	waitLeases(t, admin, secret, a, b)
+	signing := a.Status().Signing.Fingerprint
+
+	leases := admin.CoordinationV1().Leases(cliNS)
+	list, err := leases.List(r.ctx, metav1.ListOptions{LabelSelector: dynamiccert.AuthorityLeaseSelector(secret)})
+	require.NoError(t, err)
+	genuine := map[string]*coordinationv1.Lease{}
+	for i := range list.Items {
+		genuine[*list.Items[i].Spec.HolderIdentity] = &list.Items[i]
+	}
+	require.Contains(t, genuine, "replica-a")
+	require.Contains(t, genuine, "replica-b")
+	attacker, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	digest := sha256.Sum256([]byte("whatever the attacker signs"))
+	foreignSig, err := ecdsa.SignASN1(rand.Reader, attacker, digest[:])
+	require.NoError(t, err)
+	forge := func(name, holder string, from *coordinationv1.Lease, sig []byte) {
+		t.Helper()
+		ann := map[string]string{}
+		for _, k := range []string{dynamiccert.AuthorityLeafAnnotation, dynamiccert.AuthorityLeafSerialAnnotation, dynamiccert.AuthorityBundleHashAnnotation} {
+			ann[k] = from.Annotations[k]
+		}
+		// Trusts only the signing CA: the successor published below is
+		// not confirmed by it.
+		ann[dynamiccert.AuthorityTrustedCAsAnnotation] = signing
+		if sig != nil {
+			ann[dynamiccert.AuthoritySignatureAnnotation] = base64.StdEncoding.EncodeToString(sig)
+		}
+		duration := int32(3600)
+		now := metav1.NewMicroTime(time.Now())
+		_, err := leases.Create(r.ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{dynamiccert.AuthorityLeaseLabel: secret}, Annotations: ann},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, RenewTime: &now},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	forge("zz-forged-b", "replica-b", genuine["replica-b"], foreignSig)
+	forge("zz-made-up", "made-up-replica", genuine["replica-a"], nil)
+
+	// A successor in the Secret, so that pending observers are reported.
+	next, err := pki.NewCA(pki.Request{CommonName: "successor", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s := secretCA(t, admin, secret)
+		s.Data[dynamiccert.AuthorityNextCertKey], s.Data[dynamiccert.AuthorityNextKeyKey] = next.CertPEM, next.KeyPEM
+		s.Data[dynamiccert.SecretCAKey] = append(append([]byte{}, s.Data[dynamiccert.SecretCAKey]...), next.CertPEM...)
+		_, err := admin.CoreV1().Secrets(cliNS).Update(r.ctx, s, metav1.UpdateOptions{})
+		return err
+	}))
+
+	env := []string{"KUBECONFIG=" + kubeconfig}
+	code, out := cli(t, env, "status", secret, "--webhook", "validating/forged-webhook", "-o", "json")
+	assert.Equal(t, exitFailed, code, "Leases the Authority does not believe make status unhealthy")
+	// Decoded by JSON name, so that the test reads any version's output.
+	var rep struct {
+		Healthy  bool
+		Problems []string
+		Replicas []struct {
+			Lease, ID, LeafCA string
+			Live, Verified    bool
+			Rejection         *struct{ Reason, Message string }
+		}
+		Successor *struct{ PendingObservers []string }
+		Targets   []struct {
+			Verifies bool
+			Replicas []struct{ Replica string }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep), "status -o json")
+	assert.False(t, rep.Healthy)
+	byLease := map[string]int{}
+	for i, x := range rep.Replicas {
+		byLease[x.Lease] = i
+	}
+	require.Len(t, rep.Replicas, 4, "two genuine Leases, two forged")
+	for _, id := range []string{"replica-a", "replica-b"} {
+		got := rep.Replicas[byLease[genuine[id].Name]]
+		assert.Equal(t, id, got.ID)
+		assert.True(t, got.Live && got.Verified, "%s is a live replica whose announcement verifies", id)
+		assert.Nil(t, got.Rejection, "%s is not rejected", id)
+		assert.Equal(t, signing, got.LeafCA, "%s serves a leaf of the signing CA", id)
+	}
+	forgedB := rep.Replicas[byLease["zz-forged-b"]]
+	assert.False(t, forgedB.Verified, "the Lease signed by another key is not believed")
+	if assert.NotNil(t, forgedB.Rejection, "the Lease signed by another key is rejected") {
+		assert.Equal(t, "forged", forgedB.Rejection.Reason)
+		assert.Contains(t, forgedB.Rejection.Message, "signature does not verify")
+	}
+	madeUp := rep.Replicas[byLease["zz-made-up"]]
+	assert.False(t, madeUp.Verified, "the unsigned Lease is not believed")
+	if assert.NotNil(t, madeUp.Rejection, "the unsigned Lease is rejected") {
+		assert.Equal(t, "unsigned", madeUp.Rejection.Reason)
+	}
+	if assert.NotNil(t, rep.Successor) {
+		assert.ElementsMatch(t, []string{"replica-a", "replica-b"}, rep.Successor.PendingObservers, "only believed replicas are pending observers")
+	}
+	if assert.Len(t, rep.Targets, 1) {
+		assert.True(t, rep.Targets[0].Verifies)
+		var checked []string
+		for _, x := range rep.Targets[0].Replicas {
+			checked = append(checked, x.Replica)
+		}
+		assert.ElementsMatch(t, []string{"replica-a", "replica-b"}, checked, "the webhook is checked against the believed replicas only")
+	}
+	problems := strings.Join(rep.Problems, "\n")
+	assert.Contains(t, problems, "zz-forged-b")
+	assert.Contains(t, problems, "zz-made-up")
+	assert.NotContains(t, problems, "no CA in the Secret signed", "no genuine replica is reported serving an unknown leaf")
+
+	code, out = cli(t, env, "status", secret)
+	assert.Equal(t, exitFailed, code)
+	for _, want := range []string{"REJECTED (forged)", "REJECTED (unsigned)", "Rejected announcements",
+		"Lease zz-forged-b (holder replica-b): forged: the signature does not verify", "Lease zz-made-up (holder made-up-replica): unsigned"} {
+		assert.Contains(t, out, want)
+	}
+}
+
+// TestCLIRotateReplacesIgnoredMark: the Secret marks compromised a
+// fingerprint that names no CA in it (mistyped by hand); the Authority
+// ignores such a mark (a CARequestIgnored Event). rotate --compromised
+// then marks the real CA, replacing the ignored mark and saying so,
+// instead of refusing as if a request were pending.
+func TestCLIRotateReplacesIgnoredMark(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	const secret = "mistyped-ca"
+	ca, err := pki.NewCA(pki.Request{CommonName: "mistyped-ca", Now: time.Now(), Lifetime: 24 * time.Hour})
+	require.NoError(t, err)
+	fp := dynamiccert.Fingerprint(ca.Cert)
+	mistyped := fp[:len(fp)-1] + "0" // the last digit mistyped
+	if mistyped == fp {
+		mistyped = fp[:len(fp)-1] + "1"
+	}
+	_, err = admin.CoreV1().Secrets(cliNS).Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret, Annotations: map[string]string{
+			dynamiccert.CompromisedCAAnnotation: mistyped, dynamiccert.CompromisedReasonAnnotation: "typo",
+		}},
+		Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, dynamiccert.SecretCAKey: ca.CertPEM},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	env := []string{"KUBECONFIG=" + kubeconfig}
+
+	code, out := cli(t, env, "rotate", secret, "--compromised", "--reason", "key leaked")
+	require.Equal(t, exitOK, code, "rotate --compromised after a mark the Authority ignored")
+	assert.Contains(t, out, "replaced the earlier mark "+dynamiccert.CompromisedCAAnnotation+"="+mistyped)
+	ann := secretCA(t, admin, secret).Annotations
+	assert.Equal(t, fp, ann[dynamiccert.CompromisedCAAnnotation], "the real CA is marked")
+	assert.Equal(t, "key leaked", ann[dynamiccert.CompromisedReasonAnnotation])
 }

@@ -4,7 +4,7 @@
 // the CA bundle its clients use. It talks to the API server with client-go
 // and the kubeconfig, as kubectl does.
 //
-//	evercert status <ca-secret> [--webhook validating/NAME ...]
+//	evercert status <ca-secret> [--hosts NAME,...] [--webhook validating/NAME ...]
 //	evercert rotate <ca-secret> [--wait]
 //	evercert rotate <ca-secret> --compromised --reason TEXT [--ca FINGERPRINT] [--wait]
 //	evercert check <host:port> (--webhook validating/NAME | --cluster-trust-bundle NAME | --ca-file PATH) [--authority <ca-secret>]

@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // replica is what one Authority replica announces in its Lease.
@@ -29,13 +32,33 @@ type replica struct {
 	// verifies with, among the Secret's CAs; empty if none.
 	LeafCA       string    `json:"leafCA,omitempty"`
 	LeafNotAfter time.Time `json:"leafNotAfter,omitzero"`
+	// LeafNames are the announced leaf's DNS names and IP addresses.
+	LeafNames []string `json:"leafNames,omitempty"`
+	// Verified is whether the announcement is believed as the Authority
+	// believes one (dynamiccert.VerifyAnnouncement); Rejection says why
+	// not. A rejected Lease is not a replica: it is not counted as live,
+	// as a pending observer, or against the targets.
+	Verified  bool           `json:"verified"`
+	Rejection *rejectionInfo `json:"rejection,omitempty"`
 
 	leaf *x509.Certificate
 }
 
+// rejectionInfo is why an announcement is not believed.
+type rejectionInfo struct {
+	// Reason is "unsigned", "garbled" or "forged", as the Authority counts
+	// it in evercert_replica_announcements_rejected_total.
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// believed reports whether r is a live replica whose announcement verifies.
+func (r replica) believed() bool { return r.Live && r.Verified }
+
 // replicas lists the Leases of the Authority whose CA Secret is secret, by
-// Lease name.
-func (k *kube) replicas(ctx context.Context, secret string, now time.Time) ([]replica, error) {
+// Lease name, each verified against cas (the CAs the Secret holds) and,
+// when hosts is not empty, the Authority's names.
+func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas []*x509.Certificate, hosts []string) ([]replica, error) {
 	selector := dynamiccert.AuthorityLeaseSelector(secret)
 	leases, err := k.client.CoordinationV1().Leases(k.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
@@ -59,11 +82,52 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time) ([]re
 		if r.leaf = parseCertPEM([]byte(l.Annotations[dynamiccert.AuthorityLeafAnnotation])); r.leaf != nil {
 			r.LeafSerial = r.leaf.SerialNumber.Text(16)
 			r.LeafNotAfter = r.leaf.NotAfter.UTC()
+			r.LeafNames = append(slices.Clone(r.leaf.DNSNames), ipStrings(r.leaf)...)
+		}
+		// The Authority's own check, so that this tool believes exactly
+		// the announcements the replicas believe of each other (replay
+		// aside: that takes the history a running replica keeps).
+		if _, err := dynamiccert.VerifyAnnouncement(&l, cas, hosts); err != nil {
+			rej := &rejectionInfo{Reason: "forged", Message: err.Error()}
+			var ae *dynamiccert.AnnouncementError
+			if errors.As(err, &ae) {
+				rej.Reason, rej.Message = ae.Reason, ae.Err.Error()
+			}
+			r.Rejection = rej
+		} else {
+			r.Verified = true
 		}
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b replica) int { return strings.Compare(a.Lease, b.Lease) })
 	return out, nil
+}
+
+func ipStrings(c *x509.Certificate) []string {
+	out := make([]string, 0, len(c.IPAddresses))
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
+// secretCAs returns every CA the CA Secret holds, which announced leaves
+// must chain to: the signing CA (tls.crt), the successor (next.crt) and
+// ca.crt's, as the Authority collects them. A ca.crt that does not parse
+// adds none.
+func secretCAs(s *corev1.Secret) []*x509.Certificate {
+	var cas []*x509.Certificate
+	for _, key := range []string{corev1.TLSCertKey, dynamiccert.AuthorityNextCertKey} {
+		if c := parseCertPEM(s.Data[key]); c != nil {
+			cas = append(cas, c)
+		}
+	}
+	if b := s.Data[dynamiccert.SecretCAKey]; len(b) > 0 {
+		if bundle, err := pki.ParseCABundle(b); err == nil {
+			cas = append(cas, bundle...)
+		}
+	}
+	return cas
 }
 
 // issuer returns the Fingerprint of the CA among cas whose key signed

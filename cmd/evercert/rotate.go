@@ -17,7 +17,6 @@ import (
 
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
-	"github.com/evercert/evercert/internal/pki"
 )
 
 // rotateReport is what `rotate` prints (-o json: this structure).
@@ -29,6 +28,11 @@ type rotateReport struct {
 	// recorded that it acted (only known with --wait).
 	Waited  bool `json:"waited"`
 	Handled bool `json:"handled"`
+	// ReplacedMark is the fingerprint of an earlier compromised-ca mark
+	// this command replaced: one that matched no CA in the Secret, which
+	// the Authority ignores (a CARequestIgnored Event), so nothing was
+	// pending on it.
+	ReplacedMark string `json:"replacedMark,omitempty"`
 }
 
 // Backoff of the --wait poll: it reads one Secret, so a few seconds apart
@@ -82,6 +86,7 @@ func runRotate(prog string, args []string, stdout io.Writer) error {
 			return fmt.Errorf("reading the CA Secret %s: %w", rep.Secret, err)
 		}
 		set := map[string]string{}
+		rep.ReplacedMark = ""
 		if compromised {
 			fp, err := compromisedCA(s, fingerprint)
 			if err != nil {
@@ -89,8 +94,16 @@ func runRotate(prog string, args []string, stdout io.Writer) error {
 			}
 			if prev := s.Annotations[dynamiccert.CompromisedCAAnnotation]; prev != "" && prev != fp &&
 				s.Annotations[dynamiccert.CompromisedHandledAnnotation] != prev {
-				return usagef("the Secret %s already marks CA %s compromised and the Authority has not finished with it (%s is not %s yet); wait for that first",
-					rep.Secret, prev, dynamiccert.CompromisedHandledAnnotation, prev)
+				// A mark naming no CA the Secret holds (a mistyped
+				// fingerprint) is ignored by the Authority: it is not a
+				// request pending, and refusing here would leave the
+				// operator to hand-edit the annotation mid-incident.
+				if !slices.ContainsFunc(secretCAs(s), func(c *x509.Certificate) bool { return dynamiccert.Fingerprint(c) == prev }) {
+					rep.ReplacedMark = prev
+				} else {
+					return usagef("the Secret %s already marks CA %s compromised and the Authority has not finished with it (%s is not %s yet); wait for that first",
+						rep.Secret, prev, dynamiccert.CompromisedHandledAnnotation, prev)
+				}
 			}
 			set[dynamiccert.CompromisedCAAnnotation] = fp
 			set[dynamiccert.CompromisedReasonAnnotation] = reason
@@ -129,6 +142,10 @@ func runRotate(prog string, args []string, stdout io.Writer) error {
 		return printJSON(stdout, rep)
 	}
 	what := "observed rotation requested"
+	if rep.ReplacedMark != "" {
+		fmt.Fprintf(stdout, "%s: replaced the earlier mark %s=%s: it matches no CA in the Secret, so the Authority had ignored it\n",
+			rep.Secret, dynamiccert.CompromisedCAAnnotation, rep.ReplacedMark)
+	}
 	if compromised {
 		what = fmt.Sprintf("CA %s marked compromised", want)
 	}
@@ -144,17 +161,7 @@ func runRotate(prog string, args []string, stdout io.Writer) error {
 // compromisedCA returns the fingerprint to mark compromised: the one asked
 // for, which must be a CA the Secret holds, or else the signing CA's.
 func compromisedCA(s *corev1.Secret, asked string) (string, error) {
-	var cas []*x509.Certificate
-	for _, key := range []string{corev1.TLSCertKey, dynamiccert.AuthorityNextCertKey} {
-		if c := parseCertPEM(s.Data[key]); c != nil {
-			cas = append(cas, c)
-		}
-	}
-	if b := s.Data[dynamiccert.SecretCAKey]; len(b) > 0 {
-		if bundle, err := pki.ParseCABundle(b); err == nil {
-			cas = append(cas, bundle...)
-		}
-	}
+	cas := secretCAs(s)
 	if asked == "" {
 		signing := parseCertPEM(s.Data[corev1.TLSCertKey])
 		if signing == nil {

@@ -39,7 +39,7 @@ type successorInfo struct {
 	caInfo
 	PublishedAt *time.Time `json:"publishedAt,omitempty"`
 	// PendingObservers are the live replicas whose Lease does not trust
-	// the successor yet.
+	// the successor yet (believed announcements only).
 	PendingObservers []string `json:"pendingObservers"`
 }
 
@@ -74,9 +74,11 @@ type targetReplica struct {
 func runStatus(prog string, args []string, stdout io.Writer) error {
 	var common commonFlags
 	var targets targetFlags
+	var hosts []string
 	timeout := 30 * time.Second
 	fs := newFlagSet(prog, "status", "<ca-secret> [flags]", &common)
 	targets.add(fs)
+	fs.StringSliceVar(&hosts, "hosts", nil, "the Authority's host names and IPs (its --self-signed-hosts / AuthorityConfig.Hosts): a Lease announcing a leaf for other names is rejected, as the Authority rejects it")
 	fs.DurationVar(&timeout, "timeout", timeout, "how long the API requests may take in all")
 	pos, err := parse(fs, &common, args, 1)
 	if err != nil {
@@ -92,7 +94,7 @@ func runStatus(prog string, args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	rep, err := k.status(ctx, pos[0], list, time.Now())
+	rep, err := k.status(ctx, pos[0], list, hosts, time.Now())
 	if err != nil {
 		return err
 	}
@@ -110,8 +112,9 @@ func runStatus(prog string, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// status gathers the report: the Secret, the Leases, the targets.
-func (k *kube) status(ctx context.Context, name string, targets []target, now time.Time) (*statusReport, error) {
+// status gathers the report: the Secret, the Leases (verified against the
+// Secret's CAs and, when given, the Authority's hosts), the targets.
+func (k *kube) status(ctx context.Context, name string, targets []target, hosts []string, now time.Time) (*statusReport, error) {
 	secret, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("reading the CA Secret %s/%s: %w", k.namespace, name, err)
@@ -145,17 +148,33 @@ func (k *kube) status(ctx context.Context, name string, targets []target, now ti
 	}
 	rep.Requests = operatorRequests(secret.Annotations)
 
-	if rep.Replicas, err = k.replicas(ctx, name, now); err != nil {
+	if rep.Replicas, err = k.replicas(ctx, name, now, cas, hosts); err != nil {
 		return nil, err
 	}
+	names := map[string][]string{} // the believed replicas by the names of their leaves
 	for i := range rep.Replicas {
 		r := &rep.Replicas[i]
 		r.LeafCA = issuer(r.leaf, cas)
-		if r.Live && r.leaf == nil {
-			problem("live replica %s announces no leaf", r.ID)
-		} else if r.Live && r.LeafCA == "" {
-			problem("live replica %s serves a leaf (serial %s) that no CA in the Secret signed", r.ID, r.LeafSerial)
+		if r.Live && r.Rejection != nil {
+			// Not a replica the Authority waits for: a forgery, a holder
+			// of another leaf of the CA, or a release that does not sign.
+			problem("Lease %s (holder %s) is not believed (%s): %s", r.Lease, r.ID, r.Rejection.Reason, r.Rejection.Message)
 		}
+		if r.believed() && len(hosts) == 0 {
+			n := canonicalNames(r.LeafNames)
+			names[n] = append(names[n], r.ID)
+		}
+	}
+	if len(names) > 1 {
+		// Every replica of one Authority issues its leaves for the same
+		// names; without --hosts this tool cannot tell which are the
+		// Authority's and which another leaf of its CA (podcert, SignLeaf).
+		var groups []string
+		for n, ids := range names {
+			groups = append(groups, fmt.Sprintf("%s for %s", strings.Join(ids, ", "), n))
+		}
+		slices.Sort(groups)
+		problem("the live replicas' leaves are for different names (%s): a leaf the CA signed for someone else may be announcing; run again with --hosts to check against the Authority's names", strings.Join(groups, "; "))
 	}
 	if successor != nil {
 		s := &successorInfo{caInfo: describeCA(successor), PendingObservers: []string{}}
@@ -164,7 +183,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, now ti
 			s.PublishedAt = &t
 		}
 		for _, r := range rep.Replicas {
-			if r.Live && !slices.Contains(r.TrustedCAs, s.Fingerprint) {
+			if r.believed() && !slices.Contains(r.TrustedCAs, s.Fingerprint) {
 				s.PendingObservers = append(s.PendingObservers, r.ID)
 			}
 		}
@@ -184,7 +203,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, now ti
 		}
 		tr.Verifies = tr.Error == ""
 		for _, r := range rep.Replicas {
-			if !r.Live || r.leaf == nil {
+			if !r.believed() {
 				continue
 			}
 			for _, f := range fields {
@@ -271,19 +290,31 @@ func printStatus(w io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintf(w, "\nReplicas (live judged on this machine's clock, %s):\n", rep.Now.Format(time.RFC3339))
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	p("REPLICA\tLIVE\tRENEWED\tLEAF SERIAL\tLEAF CA\tTRUSTED CAS\n")
+	p("REPLICA\tLIVE\tANNOUNCEMENT\tRENEWED\tLEAF SERIAL\tLEAF CA\tTRUSTED CAS\n")
+	var rejected []replica
 	for _, r := range rep.Replicas {
 		renewed := "-"
 		if r.RenewTime != nil {
 			renewed = r.RenewTime.Format(time.RFC3339)
 		}
-		p("%s\t%v\t%s\t%s\t%s\t%s\n", r.ID, r.Live, renewed, dash(r.LeafSerial), dash(r.LeafCA), dash(strings.Join(r.TrustedCAs, ",")))
+		announcement := "verified"
+		if r.Rejection != nil {
+			announcement = "REJECTED (" + r.Rejection.Reason + ")"
+			rejected = append(rejected, r)
+		}
+		p("%s\t%v\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Live, announcement, renewed, dash(r.LeafSerial), dash(r.LeafCA), dash(strings.Join(r.TrustedCAs, ",")))
 	}
 	if len(rep.Replicas) == 0 {
 		p("(no replica Leases)\n")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(rejected) > 0 {
+		fmt.Fprintf(w, "\nRejected announcements (the Authority does not believe them either; not counted as replicas):\n")
+		for _, r := range rejected {
+			fmt.Fprintf(w, "  - Lease %s (holder %s): %s: %s\n", r.Lease, r.ID, r.Rejection.Reason, r.Rejection.Message)
+		}
 	}
 	if len(rep.Targets) > 0 {
 		fmt.Fprintf(w, "\nTargets:\n")
@@ -318,6 +349,17 @@ func printStatus(w io.Writer, rep *statusReport) error {
 		}
 	}
 	return nil
+}
+
+// canonicalNames is one form of a leaf's names for comparing them: sorted,
+// lower-cased.
+func canonicalNames(names []string) string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		out = append(out, strings.ToLower(n))
+	}
+	slices.Sort(out)
+	return "[" + strings.Join(out, " ") + "]"
 }
 
 func dash(s string) string {

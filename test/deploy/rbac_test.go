@@ -90,6 +90,7 @@ var used = map[string][]uses{
 		publisherUses("admissionregistration.k8s.io", "validatingwebhookconfigurations", "evercert-example-webhook"),
 		publisherUses("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "evercert-example-webhook"),
 		recorderUses("default", "example/webhook/app/webhook.go (the publisher's Events about cluster-scoped configurations go to namespace default)"),
+		recorderUses("evercert-example-webhook", "server/build.go (the Authority's Events about the CA Secret, in its namespace)"),
 	},
 	"signer": {
 		authorityUses("evercert-signer", "evercert-signer-ca"),
@@ -104,6 +105,7 @@ var used = map[string][]uses{
 			{"list", "", "services", "", "payments", ""},
 		}},
 		recorderUses("payments", "example/signer/app/signer.go (Events about requests, in their namespace)"),
+		recorderUses("evercert-signer", "server/build.go (the Authority's Events about the CA Secret, in its namespace)"),
 		recorderUses("default", "example/signer/app/signer.go (the ClusterTrustBundle publisher's Events)"),
 		{code: "cabundle/kind_clustertrustbundle.go (creates the bundle, then list, watch, patch by name; attest on the signer name)", requests: append(
 			verbs([]string{"list", "watch", "patch"}, "certificates.k8s.io", "clustertrustbundles", "", "", "evercert.io:serving:ca"),

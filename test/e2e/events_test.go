@@ -15,8 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/testcluster"
 )
@@ -122,4 +124,49 @@ func TestE2EEvents(t *testing.T) {
 	assert.Nil(t, failed[0].Series, "not repeated")
 	assert.Contains(t, failed[0].Note, "secret "+ns+"/events")
 	assert.NotContains(t, failed[0].Note, "PRIVATE KEY")
+}
+
+// TestE2EWebhookReportsIgnoredMark: the example webhook, with the
+// documented RBAC, keeps its CA in a Secret; the operator marks compromised
+// a fingerprint that names no CA in it (mistyped). The Authority the
+// webhook built ignores the mark and says so where the operator looks: a
+// Warning CARequestIgnored Event about the Secret, in its namespace.
+func TestE2EWebhookReportsIgnoredMark(t *testing.T) {
+	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: webhookUser}))
+	admin := kubernetes.NewForConfigOrDie(cluster.Config())
+	webhookNamespaces(t, admin)
+	applyWebhookRBAC(t, admin, webhookUser, webhookCASecret, app.DefaultConfigurationName)
+	kubeconfig := writeKubeconfig(t, cluster.UserConfig(webhookUser))
+	waitReady(t, startWebhookReplica(t, kubeconfig))
+
+	ctx := context.Background()
+	const mistyped = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := admin.CoreV1().Secrets(ns).Get(ctx, webhookCASecret, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[dynamiccert.CompromisedCAAnnotation] = mistyped
+		s.Annotations[dynamiccert.CompromisedReasonAnnotation] = "drill"
+		_, err = admin.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	}))
+
+	var ignored *eventsv1.Event
+	require.Eventually(t, func() bool {
+		list, err := admin.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		for i, e := range list.Items {
+			if e.Reason == dynamiccert.ReasonCARequestIgnored && e.Regarding.Kind == "Secret" && e.Regarding.Name == webhookCASecret {
+				ignored = &list.Items[i]
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 100*time.Millisecond, "a CARequestIgnored Event about the CA Secret in %s", ns)
+	assert.Equal(t, corev1.EventTypeWarning, ignored.Type)
+	assert.Contains(t, ignored.Note, mistyped)
 }
