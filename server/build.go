@@ -47,7 +47,7 @@ type Serving struct {
 	// ns/name"): RunOnce retries it until --startup-timeout.
 	apiSource dynamiccertificates.ControllerRunner
 	apiFlag   string
-	events       *eventSink          // nil without --tls-secret or --ca-secret
+	events    *eventSink // nil without --tls-secret or --ca-secret
 
 	addrMu    sync.Mutex
 	addr      net.Addr
