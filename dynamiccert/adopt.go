@@ -98,6 +98,9 @@ func parseSecretLayout(s *corev1.Secret, layout SecretLayout) (st *caSet, conver
 		}
 		st, err = parseAuthoritySecret(s)
 		if _, cc := s.Data[certControllerCAKeyKey]; err != nil && cc {
+			if broken, ok := err.(*brokenSecretError); ok {
+				broken.foreign = certControllerCAKeyKey // not ours to write back
+			}
 			err = fmt.Errorf("%w (the Secret has %s: cert-controller's layout? set AuthorityConfig.Adopt to %q to adopt it)", err, certControllerCAKeyKey, LayoutCertController)
 		}
 		return st, false, err

@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -71,19 +72,22 @@ func TestAttackAPIOutageKeepsLeafFresh(t *testing.T) {
 }
 
 // TestAttackGarbageSecretKeepsLeafFresh: a second writer puts garbage into
-// tls.crt and leaves it there. The Authority must not overwrite content it
-// cannot read (someone else's), and reports it; but the replica still holds
-// a valid CA, so its own leaf keeps being renewed meanwhile.
+// the Secret. Where the replica holds what the garbage replaced (the signing
+// CA and its key, the bundle it publishes) it writes that back (issue 27
+// §3); where it does not (a successor it never saw), it must not overwrite
+// content it cannot read, and reports it. Either way the replica still
+// holds a valid CA, so its own leaf keeps being renewed meanwhile.
 func TestAttackGarbageSecretKeepsLeafFresh(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		mutate func(data map[string][]byte, annotations map[string]string)
+		name     string
+		mutate   func(data map[string][]byte, annotations map[string]string)
+		repaired bool
 	}{
-		{"garbage tls.crt", func(d map[string][]byte, _ map[string]string) { d["tls.crt"] = []byte("not a certificate") }},
+		{"garbage tls.crt", func(d map[string][]byte, _ map[string]string) { d["tls.crt"] = []byte("not a certificate") }, true},
 		{"garbage ca.crt", func(d map[string][]byte, _ map[string]string) {
 			d[SecretCAKey] = []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
-		}},
-		{"next.crt without next.key", func(d map[string][]byte, _ map[string]string) { d[AuthorityNextCertKey] = d["tls.crt"] }},
+		}, true},
+		{"next.crt without next.key", func(d map[string][]byte, _ map[string]string) { d[AuthorityNextCertKey] = d["tls.crt"] }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset()
@@ -97,32 +101,42 @@ func TestAttackGarbageSecretKeepsLeafFresh(t *testing.T) {
 			secrets := client.CoreV1().Secrets("ns")
 			s, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
 			require.NoError(t, err)
+			good := maps.Clone(s.Data)
 			if s.Annotations == nil {
 				s.Annotations = map[string]string{}
 			}
 			tc.mutate(s.Data, s.Annotations)
 			_, err = secrets.Update(context.Background(), s, metav1.UpdateOptions{})
 			require.NoError(t, err)
-			waitFor(t, "the garbage to be reported", func() bool { return a.LastError() != nil })
+			if !tc.repaired {
+				waitFor(t, "the garbage to be reported", func() bool { return a.LastError() != nil })
+			}
 			for range 120 {
 				clk.Step(time.Minute)
 				waitBlocked(t, clk)
 				require.NoError(t, handshakeWith(t, a, bundle, clk.Now), "%s after the garbage was written", clk.Since(testNow))
 			}
-			require.Error(t, a.LastError())
 			after, err := secrets.Get(context.Background(), "ca", metav1.GetOptions{})
 			require.NoError(t, err)
-			assert.Equal(t, s.Data, after.Data, "content it cannot read is never overwritten")
+			if tc.repaired {
+				require.NoError(t, a.LastError())
+				assert.Equal(t, good, after.Data, "the garbage is replaced by what the replica holds")
+				return
+			}
+			require.Error(t, a.LastError())
+			assert.Equal(t, s.Data, after.Data, "content it cannot read and cannot repair is never overwritten")
 		})
 	}
 }
 
 // TestAttackStoreFailureIsVisibleBeforeTheOutage: the CA Secret holds
-// garbage a second writer left there, so no successor can be published.
-// The leaf keeps being renewed from the CA in memory, but that CA is
-// heading for its expiry, and with it the serving certificate. Like an
-// observer that does not confirm, this must turn the ca-rotation check red
-// while there is still time to act, not stay green until the outage.
+// garbage a second writer left there that this replica cannot repair (a
+// successor it never saw), so no successor can be published. The leaf
+// keeps being renewed from the CA in memory, but that CA is heading for
+// its expiry, and with it the serving certificate. This must turn the
+// ca-rotation check red while there is still time to act, not stay green
+// until the outage: since issue 27 §3, at once, naming the cause, for as
+// long as it lasts.
 func TestAttackStoreFailureIsVisibleBeforeTheOutage(t *testing.T) {
 	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(testNow)
@@ -132,18 +146,19 @@ func TestAttackStoreFailureIsVisibleBeforeTheOutage(t *testing.T) {
 	waitFor(t, "the first leaf", func() bool { return a.Leaf() != nil })
 	waitBlocked(t, clk)
 	signing := a.Status().Signing
-	editSecret(t, client, func(s *corev1.Secret) { s.Data["tls.crt"] = []byte("garbage") })
+	editSecret(t, client, func(s *corev1.Secret) { s.Data[AuthorityNextCertKey] = []byte("garbage") })
 	waitFor(t, "the garbage to be reported", func() bool { return a.LastError() != nil })
 
 	for clk.Now().Before(signing.NotAfter.Add(-a.cfg.RenewBefore)) {
-		require.NoError(t, check.Check(nil), "at %s", clk.Now())
+		err := check.Check(nil)
+		require.Error(t, err, "at %s the CA expires at %s and nothing can replace it, yet ca-rotation is healthy", clk.Now(), signing.NotAfter)
+		assert.Contains(t, err.Error(), "CA secret broken")
+		assert.Contains(t, err.Error(), AuthorityNextCertKey, "the check names the cause")
+		assert.True(t, a.Status().Stalled)
 		clk.Step(10 * time.Minute)
 		waitBlocked(t, clk)
 	}
-	err := check.Check(nil)
-	require.Error(t, err, "the CA expires at %s and nothing can replace it, yet ca-rotation is healthy", signing.NotAfter)
-	assert.Contains(t, err.Error(), "no successor could be published")
-	assert.Contains(t, err.Error(), "malformed PEM", "the check names the cause")
+	require.Error(t, check.Check(nil))
 	assert.True(t, a.Status().Stalled)
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -263,7 +264,9 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}
 	cfg.EventObject = src.cfg.EventObject // the Secret by default
 	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
-	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval)}
+	secretRef := &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
+	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
+		repair: &secretRepair{name: cfg.Name, key: src.key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
 	a := &Authority{cfg: cfg, store: store}
 	store.judge = func(st *caSet, now time.Time) (string, bool) {
 		if a.replicas != nil {
@@ -282,7 +285,7 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		skew: cfg.SkewTolerance, caKeys: keys,
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
-	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}), a.servingFrom)
+	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, secretRef), a.servingFrom)
 	store.compromised = a.emerg.compromised
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
@@ -324,7 +327,14 @@ func (a *Authority) Alternatives() []dynamiccertificates.SNICertKeyContentProvid
 func (a *Authority) AddObserver(o Observer) { a.addObserver(o) }
 
 // Status returns where the CA rotation stands; see RotationStatus.
-func (a *Authority) Status() RotationStatus { return a.currentStatus() }
+func (a *Authority) Status() RotationStatus {
+	s := a.currentStatus()
+	if broken := a.store.repair.reason(); broken != "" {
+		// Nothing moves until someone repairs the Secret.
+		s.Broken, s.Stalled = broken, true
+	}
+	return s
+}
 
 // CurrentCertKeyContent returns this replica's leaf, or nil, nil before the
 // CA is known.
@@ -394,6 +404,9 @@ type secretStore struct {
 	// judge, when set, says why this replica's clock must not change the
 	// state as read (Authority.clockSkew); "" when it may.
 	judge func(st *caSet, now time.Time) (reason string, waiting bool)
+	// repair handles a Secret edited by hand into content that cannot be
+	// used as it is: written back, or reported (secretRepair).
+	repair *secretRepair
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -441,6 +454,16 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
 	}
 	st, convert, err := parseSecretLayout(secret, s.cfg.Adopt)
+	// repairs say what a hand edit broke and this replica writes back
+	// (secretRepair).
+	var repairs []string
+	var broken *brokenSecretError
+	if errors.As(err, &broken) {
+		var fixed []string
+		if st, fixed, err = s.repair.fill(secret, err, broken, s.last); err == nil {
+			repairs = append(repairs, fmt.Sprintf("%s did not parse (%v): written back as this replica last held it", strings.Join(fixed, ", "), broken))
+		}
+	}
 	if err == nil {
 		err = s.keys.resolveKeys(st)
 	}
@@ -448,6 +471,20 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
 	st.ops = parseOperatorRequests(secret)
+	if !convert {
+		pasted, err := s.repair.unpublished(st, s.last, now)
+		if err != nil {
+			return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
+		}
+		if pasted != "" {
+			repairs = append(repairs, pasted)
+		}
+	}
+	if len(repairs) == 0 {
+		s.repair.healthy()
+	} else {
+		s.repair.setReason("") // repaired below, or decided again after a conflict
+	}
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
 	}
@@ -482,7 +519,8 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	if err != nil {
 		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	if changed || restored || convert {
+	if changed || restored || convert || len(repairs) > 0 {
+		asRead := secret
 		// The Update carries the resourceVersion read above: a Secret
 		// written meanwhile (another replica, or the other tool still
 		// running) is a conflict, re-read and decided again.
@@ -522,6 +560,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		}
 		s.lastWrite = secret.ResourceVersion
 		s.reads.wrote(secret)
+		if len(repairs) > 0 {
+			s.repair.repaired(asRead, strings.Join(repairs, "; "))
+		}
 		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
 			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored, "adopted", convert)
 	}
@@ -606,46 +647,60 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 }
 
 // parseAuthoritySecret reads the CA side of the rotation state from the
-// Secret; an empty Secret is an empty state.
+// Secret; an empty Secret is an empty state. A Secret with a part that does
+// not parse is a *brokenSecretError holding the parts that did.
 func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 	st := &caSet{}
+	var signing error
 	var err error
 	if len(s.Data[AuthorityKeyRefKey]) > 0 {
 		if st.signing, err = parseCARef(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey], s.Data[AuthorityKeyRefKey]); err != nil {
-			return nil, fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, AuthorityKeyRefKey, err)
+			signing = fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, AuthorityKeyRefKey, err)
 		}
 	} else if len(s.Data[corev1.TLSCertKey]) > 0 || len(s.Data[corev1.TLSPrivateKeyKey]) > 0 {
 		if st.signing, err = parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
-			return nil, fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
+			signing = fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 		}
 	}
-	if err := parseSuccessorAndBundle(s, st); err != nil {
-		return nil, err
+	err = parseSuccessorAndBundle(s, st)
+	if err == nil && signing == nil {
+		return st, nil
 	}
-	return st, nil
+	broken := &brokenSecretError{st: st}
+	if err != nil {
+		broken = err.(*brokenSecretError)
+	}
+	broken.signing = signing
+	return nil, broken
 }
 
 // parseSuccessorAndBundle reads the published successor and the trusted
-// bundle into st: evercert's keys, in every layout it adopts.
+// bundle into st: evercert's keys, in every layout it adopts. A part that
+// does not parse is left out of st and named in the *brokenSecretError
+// returned.
 func parseSuccessorAndBundle(s *corev1.Secret, st *caSet) error {
+	broken := &brokenSecretError{st: st}
 	var err error
 	if len(s.Data[AuthorityNextKeyRefKey]) > 0 {
 		if st.next, err = parseCARef(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey], s.Data[AuthorityNextKeyRefKey]); err != nil {
-			return fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyRefKey, err)
+			broken.next = fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyRefKey, err)
 		}
 		st.nextSince = parseNextSince(s)
 	} else if len(s.Data[AuthorityNextCertKey]) > 0 {
 		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
-			return fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
+			broken.next = fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
 		st.nextSince = parseNextSince(s)
 	}
 	if len(s.Data[SecretCAKey]) > 0 {
 		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
-			return fmt.Errorf("%s: %w", SecretCAKey, err)
+			broken.bundle = fmt.Errorf("%s: %w", SecretCAKey, err)
 		}
 	}
-	return nil
+	if broken.next == nil && broken.bundle == nil {
+		return nil
+	}
+	return broken
 }
 
 // parseNextSince reads the successor's publication time. It is for status

@@ -42,4 +42,12 @@ const (
 	// ReasonCARequestIgnored (Warning): CompromisedCAAnnotation names no
 	// CA in the Secret; nothing was done. Sent once per value.
 	ReasonCARequestIgnored = certreport.ReasonCARequestIgnored
+	// ReasonCASecretRepaired (Warning): the Authority found its CA Secret
+	// edited by hand into content it must not use as it is, and wrote back
+	// what it holds: a part that does not parse (a tls.key that is not
+	// tls.crt's key, garbage in ca.crt, tls.crt removed) as this replica
+	// last held it, or a signing CA pasted into tls.crt that ca.crt does
+	// not publish, made the successor (published, observed, then used).
+	// Sent once per edit, about the CA Secret.
+	ReasonCASecretRepaired = certreport.ReasonCASecretRepaired
 )

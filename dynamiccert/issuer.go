@@ -299,7 +299,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		i.report.succeeded()
 		return i.cfg.checkInterval, nil
 	case err != nil:
-		err = i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
+		err = i.report.failedCheck(fmt.Errorf("%s: %w", i.cfg.name, err))
 		i.keepServing(now)
 		return 0, err
 	}

@@ -48,6 +48,15 @@ type RotationStatus struct {
 	// not write the Secret and issues no leaf (see the package
 	// documentation, "Observed rotation").
 	ClockSkew string
+	// Broken, for an Authority, says why its CA Secret cannot be used as
+	// read (a hand edit: a part that does not parse, a signing CA that
+	// ca.crt does not publish) and this replica cannot repair it, because
+	// it does not hold what is missing (it started after the edit); empty
+	// otherwise. A replica that holds it writes it back instead (Warning
+	// Event CASecretRepaired). Stalled is true while Broken is set: nothing
+	// rotates until someone repairs the Secret; the replica keeps serving
+	// the leaf it has, if any.
+	Broken string
 	// Emergency, for an Authority whose CA Secret marks a CA compromised
 	// (CompromisedCAAnnotation), is where the emergency rotation stands;
 	// nil when none is marked. Its String is a one-line summary.
@@ -164,6 +173,8 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
 		case unconfirmedRead(s.LastError) && s.Stalled && !apiUnavailable(s.LastError):
 			return fmt.Errorf("the CA secret cannot be read fresh, changes to it go unseen: %v", s.LastError)
+		case s.Broken != "":
+			return fmt.Errorf("CA secret broken: %s", s.Broken)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:

@@ -64,6 +64,11 @@ const (
 	// ReasonCARequestIgnored (Warning): an operator's request named no CA
 	// the Authority holds.
 	ReasonCARequestIgnored = "CARequestIgnored"
+	// ReasonCASecretRepaired (Warning): an Authority found its CA Secret
+	// edited into content it must not use as it is (a part that does not
+	// parse, a signing CA that no bundle publishes) and wrote back what it
+	// holds.
+	ReasonCASecretRepaired = "CASecretRepaired"
 
 	// ActionRotate is the action of rotation Events; ActionLoad that of load
 	// failures.
