@@ -23,9 +23,10 @@ import (
 
 // The test binary re-executed with childEnv set runs a child process for
 // TestKeySourceFindsKeyMadeByAnotherProcess instead of the tests (see
-// TestMain): it opens the token named by childTokenEnv with the PIN file in
-// childPINEnv, makes a key, prints "made key REF" and waits for SIGTERM. It
-// uses the SoftHSM2 configuration of its parent (SOFTHSM2_CONF, inherited).
+// TestMain): it opens and closes the token named by childTokenEnv (PIN file
+// in childPINEnv) over and over until the file named by childGoEnv exists,
+// then makes a key, prints "made key REF" and waits for SIGTERM. It uses the
+// SoftHSM2 configuration of its parent (SOFTHSM2_CONF, inherited).
 const (
 	childEnv      = "EVERCERT_PKCS11_TEST_CHILD"
 	childTokenEnv = "EVERCERT_PKCS11_TEST_TOKEN"
@@ -48,8 +49,8 @@ func childMain(mode string) int {
 	}
 	defer ks.Close()
 	// Until the parent says go, restart over and over: every start logs in,
-	// and every login rewrites the token's token.object, which B reads
-	// while it starts. Then make a key.
+	// and every login rewrites the token's token.object, which B's process
+	// reads whenever one of its sources opens the token. Then make a key.
 	fmt.Println("restarting until " + os.Getenv(childGoEnv))
 	for {
 		select {
