@@ -86,9 +86,10 @@ test-grpc:
 ## tokens made in a temporary directory: an Authority serving over TLS with
 ## its CA key in the token, a second replica, a rotation, the token missing,
 ## a wrong PIN, a key removed, an HSM that hangs, moving a PEM key into the
-## token, and one Authority against a real kube-apiserver. Its own module
+## token, a token that goes away and comes back, two processes on one token,
+## and one Authority against a real kube-apiserver. Its own module
 ## (cgo), so the library stays pure Go. Fails if any named test did not pass.
-HSM_TESTS := TestAuthorityCAKeyInSoftHSM TestAuthorityCAKeySourceUnavailable TestAuthorityCAKeyRemovedFromToken TestAuthorityHSMStopsAnswering TestAuthorityWithoutCAKeysRefusesKeyRef TestAuthorityMovesPEMKeyIntoSoftHSM TestKeySourceMakesAndFindsKeys TestAuthorityCAKeyInSoftHSMOnRealAPIServer TestREADMEHSMRecipeIsCompiled TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM
+HSM_TESTS := TestAuthorityCAKeyInSoftHSM TestAuthorityCAKeySourceUnavailable TestAuthorityCAKeyRemovedFromToken TestAuthorityHSMStopsAnswering TestAuthorityWithoutCAKeysRefusesKeyRef TestAuthorityMovesPEMKeyIntoSoftHSM TestKeySourceMakesAndFindsKeys TestAuthorityCAKeyInSoftHSMOnRealAPIServer TestREADMEHSMRecipeIsCompiled TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM TestAuthorityRecoversWhenTokenComesBack TestKeySourceReopenKeepsSignersWorking TestKeySourceFindsKeyMadeByAnotherProcess
 test-hsm: deps kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd pkcs11 && CGO_ENABLED=1 EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/hsm.log 2>&1 || { cat $(CURDIR)/tmp/hsm.log; exit 1; }

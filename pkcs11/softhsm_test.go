@@ -27,6 +27,11 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		// A child process of a test (twoprocess_test.go), on the
+		// configuration and token of its parent.
+		os.Exit(childMain(mode))
+	}
 	dir, err := os.MkdirTemp("", "evercert-softhsm-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
