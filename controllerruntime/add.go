@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -134,6 +136,11 @@ func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 		}
 		if ac.Clock == nil {
 			ac.Clock = cfg.Clock
+		}
+		if ac.ReplicaID == "" {
+			// The pod's name: stable across restarts of the process, so a
+			// restarted replica takes over its own Lease at once.
+			ac.ReplicaID = strings.TrimSpace(os.Getenv(dynamiccert.PodNameEnv))
 		}
 		authority, err := dynamiccert.NewAuthority(ac)
 		if err != nil {

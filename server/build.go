@@ -86,7 +86,7 @@ func (o *Options) Build(extraSNI ...dynamiccertificates.SNICertKeyContentProvide
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
 			Hosts: o.SelfSignedHosts, KeyTypes: o.keyTypes(), Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
-			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock,
+			SkewTolerance: o.ClockSkewTolerance, ReplicaID: o.ReplicaID, Clock: o.Clock,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("--ca-secret (%s): %w", scheduleFlags, err)
