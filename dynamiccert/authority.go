@@ -65,7 +65,8 @@ type AuthorityConfig struct {
 	// these), create on secrets in the namespace unless DisableCreate, and
 	// get, list, watch, create, update on leases.coordination.k8s.io in the
 	// namespace unless DisableReplicaAnnouncements, and delete there to
-	// remove the Leases of replicas long gone (without it they stay).
+	// remove the Leases of replicas long gone and its own at shutdown
+	// (without it they stay).
 	Client kubernetes.Interface
 	// DisableCreate makes the Authority wait for a pre-created Secret
 	// instead of creating it. It says so once in the log, then waits quietly.
