@@ -95,7 +95,7 @@ type AuthorityConfig struct {
 	// saw the successor arrive measures the delay from then, on its own
 	// clock, so clock skew never shortens it; a replica started after the
 	// publication measures it from the publication time recorded in the
-	// Secret (AuthorityNextSinceAnnotation) plus SkewTolerance, and
+	// Secret (AuthorityNextSinceAnnotation) plus twice SkewTolerance, and
 	// announces the successor at once, so replicas restarted more often
 	// than the delay (rollouts, crash loops) do not start it over. Default
 	// (CARenewBefore-RenewBefore)/4.

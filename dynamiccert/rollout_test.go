@@ -141,7 +141,7 @@ func (w *rolloutWorld) secretCAs() (signing, next []byte, published time.Time) {
 // (a Deployment rolled out more often than the delay, or pods that crash
 // and restart that often), for three CA rotations. Every successor must
 // still sign once its delay has passed since the publication recorded in
-// the Secret (plus at most the skew tolerance, see signsNoEarlierThan),
+// the Secret (plus at most twice the skew tolerance, see delayStart),
 // never earlier, no replica may ever report Stalled (the ca-rotation
 // readiness check would fail on all of them at once), and no rotation may
 // be unsafe. Before, each new process measured the delay again from its own
@@ -198,7 +198,7 @@ func TestRollingRestartsNeverStallRotation(t *testing.T) {
 					lag := w.clk.Now().Sub(published.Add(delay))
 					t.Logf("rotation %d: published %s, signs %v after its delay ended (skew tolerance %v), %d rollouts so far",
 						rotations+1, published.Format(time.TimeOnly), lag, skew, rolls)
-					require.LessOrEqual(t, lag, skew+2*time.Minute, "the successor signed long after its delay ended")
+					require.LessOrEqual(t, lag, 2*skew+2*time.Minute, "the successor signed long after its delay ended")
 					signing, next = nowSigning, nil
 					rotations++
 				}

@@ -190,24 +190,27 @@ func (r rotation) signsNoEarlierThan(cs *caSet) time.Time {
 //
 // A process that found the successor already published when it started
 // (inherited) measures from the publication recorded in the Secret
-// (nextSince, on the publisher's clock), moved later by the skew
+// (nextSince, on the publisher's clock), moved later by twice the skew
 // tolerance, and never later than its own start: otherwise every restart
 // would start the delay over, and a Deployment rolled out, or a pod
 // restarted, more often than the delay would never let a successor sign
-// while the old CA is valid (issue 27). The tolerance is added because
-// the publisher's clock may be behind this one by up to it: taken at face
-// value its time would end the delay up to the tolerance early in real
-// time. So within the tolerance the delay is never shortened, and a
-// publication time in this clock's future (a publisher whose clock is
-// ahead) changes nothing: this process's own start, which came after the
-// real publication, is the earlier bound then. A publication beyond the
-// tolerance in this clock's future is a clock skew (Authority.clockSkew)
-// and nothing is decided on it. An unknown publication time (a stripped
-// or garbled annotation) leaves seenSince.
+// while the old CA is valid (issue 27). The margin is added because the
+// publisher's clock may be behind this one: taken at face value its time
+// would end the delay early in real time by as much. Twice the tolerance
+// covers two clocks each off by up to the tolerance in opposite
+// directions (the tolerance is what each is backdated for), so the delay
+// is never shortened by such skew; it costs at most that much more wait
+// when no replica that saw the publication is left. A publication time in
+// this clock's future (a publisher whose clock is ahead) changes nothing:
+// this process's own start, which came after the real publication, is
+// the earlier bound then. A publication beyond the tolerance in this
+// clock's future is a clock skew (Authority.clockSkew) and nothing is
+// decided on it. An unknown publication time (a stripped or garbled
+// annotation) leaves seenSince.
 func (r rotation) delayStart(cs *caSet) time.Time {
 	start := cs.seenSince
 	if cs.inherited && !cs.nextSince.IsZero() {
-		start = earliest(start, cs.nextSince.Add(r.skew))
+		start = earliest(start, cs.nextSince.Add(2*r.skew))
 	}
 	return start
 }
