@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -160,6 +162,11 @@ func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 		}
 		if ac.Clock == nil {
 			ac.Clock = cfg.Clock
+		}
+		if ac.ReplicaID == "" {
+			// The pod's name: stable across restarts of the process, so a
+			// restarted replica takes over its own Lease at once.
+			ac.ReplicaID = strings.TrimSpace(os.Getenv(dynamiccert.PodNameEnv))
 		}
 		authority, err := dynamiccert.NewAuthority(ac)
 		if err != nil {

@@ -53,8 +53,10 @@ type Config struct {
 	// PropagationDelay, KeyTypes, ReplicaID, ...). Its Namespace and
 	// SecretName are always those above; Add fills in Hosts, Client (built
 	// from the manager's rest.Config and HTTP client), EventRecorder (the
-	// manager's, events.k8s.io API) and Clock when they are unset. Ignored
-	// when Source is set.
+	// manager's, events.k8s.io API), Clock, and ReplicaID (the environment
+	// variable POD_NAME, dynamiccert.PodNameEnv: set it from the downward
+	// API, so a restarted process keeps its replica's Lease) when they are
+	// unset. Ignored when Source is set.
 	Authority dynamiccert.AuthorityConfig
 	// Source replaces the Authority with another serving provider.
 	Source ServingSource

@@ -143,3 +143,17 @@ func TestAddAfterStartIsRefused(t *testing.T) {
 	default:
 	}
 }
+
+// TestAddReplicaIDFromPodName: the Authority Add makes announces itself
+// under $POD_NAME unless Config.Authority.ReplicaID says otherwise, so a
+// process restarted in its pod keeps its replica's Lease (issue 27).
+func TestAddReplicaIDFromPodName(t *testing.T) {
+	t.Setenv("POD_NAME", "operator-6c9f-7xq2k")
+	certs, err := Add(offlineManager(t), Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc"})
+	require.NoError(t, err)
+	assert.Equal(t, "operator-6c9f-7xq2k", certs.rotation.(*dynamiccert.Authority).ReplicaID())
+
+	certs, err = Add(offlineManager(t), Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", Authority: dynamiccert.AuthorityConfig{ReplicaID: "operator-0"}})
+	require.NoError(t, err)
+	assert.Equal(t, "operator-0", certs.rotation.(*dynamiccert.Authority).ReplicaID())
+}

@@ -9,18 +9,22 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics"
@@ -287,7 +291,29 @@ func TestAnnouncementForgerCannotStallPromotion(t *testing.T) {
 			old := w.lease("r2") // a version r2 will have renewed since
 			w.step(time.Minute)
 			fp := w.untilSuccessor()
+			// r2 crashes: its process ends without releasing or deleting
+			// its Lease (a graceful shutdown would), which the forger then
+			// keeps rewriting.
+			var crashing atomic.Bool
+			r2Lease := replicaLeaseName("ca", "r2")
+			for _, verb := range []string{"update", "delete"} {
+				w.client.PrependReactor(verb, "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+					name := ""
+					switch a := a.(type) {
+					case clienttesting.UpdateAction:
+						name = a.GetObject().(metav1.Object).GetName()
+					case clienttesting.DeleteAction:
+						name = a.GetName()
+					}
+					if crashing.Load() && name == r2Lease {
+						return true, nil, errors.New("the process was killed")
+					}
+					return false, nil, nil
+				})
+			}
+			crashing.Store(true)
 			dead := w.stop()
+			crashing.Store(false)
 			stoppedAt := w.clk.Now()
 			lease := w.replicas[0].cfg.LeaseDuration
 			for n := 0; !w.signedBy(fp); n++ {

@@ -48,6 +48,11 @@ const (
 	AuthorityNextKeyRefKey = "next.key-ref"
 )
 
+// PodNameEnv is the environment variable AuthorityConfig.ReplicaID
+// defaults from: the pod's name, set from the downward API
+// (fieldRef metadata.name).
+const PodNameEnv = "POD_NAME"
+
 // AuthorityConfig configures an Authority.
 type AuthorityConfig struct {
 	// Name identifies the provider in logs and metrics. Default
@@ -60,7 +65,8 @@ type AuthorityConfig struct {
 	// these), create on secrets in the namespace unless DisableCreate, and
 	// get, list, watch, create, update on leases.coordination.k8s.io in the
 	// namespace unless DisableReplicaAnnouncements, and delete there to
-	// remove the Leases of replicas long gone (without it they stay).
+	// remove the Leases of replicas long gone and its own at shutdown
+	// (without it they stay).
 	Client kubernetes.Interface
 	// DisableCreate makes the Authority wait for a pre-created Secret
 	// instead of creating it. It says so once in the log, then waits quietly.
@@ -87,9 +93,13 @@ type AuthorityConfig struct {
 	CALifetime, CARenewBefore time.Duration
 	// PropagationDelay is the minimum time a successor CA is in ca.crt
 	// before it signs, for consumers evercert cannot observe. The successor
-	// also waits for every Observer and every live replica. Each replica
-	// measures the delay from when it first saw the successor, on its own
-	// clock, so clock skew never shortens it. Default
+	// also waits for every Observer and every live replica. A replica that
+	// saw the successor arrive measures the delay from then, on its own
+	// clock, so clock skew never shortens it; a replica started after the
+	// publication measures it from the publication time recorded in the
+	// Secret (AuthorityNextSinceAnnotation) plus twice SkewTolerance, and
+	// announces the successor at once, so replicas restarted more often
+	// than the delay (rollouts, crash loops) do not start it over. Default
 	// (CARenewBefore-RenewBefore)/4.
 	//
 	// An emergency rotation (CompromisedCAAnnotation) skips it: the
@@ -112,7 +122,13 @@ type AuthorityConfig struct {
 	// consumers they stand for (see Observer and AddObserver).
 	Observers []Observer
 	// ReplicaID names this replica in its Lease and in Status. Default the
-	// host name (the pod name) with a random suffix.
+	// environment variable POD_NAME (PodNameEnv; set it from the downward
+	// API, metadata.name), else the host name with a random suffix. A
+	// stable ID lets a process restarted in the same pod (a crash, an OOM
+	// kill) take over its own Lease at once, where a new ID leaves the old
+	// process's Lease counted as a live replica, waited for, until it ages
+	// out (LeaseDuration). Two processes running at the same time must not
+	// share an ID.
 	ReplicaID string
 	// LeaseDuration is how long a replica's announcement counts as live
 	// after this replica last saw it renewed; replicas renew every third of
@@ -197,6 +213,9 @@ func (c *AuthorityConfig) complete() error {
 	c.CommonName, c.KeyTypes, c.RenewBefore, c.CARenewBefore = ss.CommonName, ss.KeyTypes, ss.RenewBefore, ss.CARenewBefore
 	c.PropagationDelay, c.SkewTolerance, c.CheckInterval, c.Clock = ss.PropagationDelay, ss.SkewTolerance, ss.CheckInterval, ss.Clock
 	if c.ReplicaID == "" {
+		c.ReplicaID = strings.TrimSpace(os.Getenv(PodNameEnv))
+	}
+	if c.ReplicaID == "" {
 		host, _ := os.Hostname()
 		c.ReplicaID = defaultReplicaID(host, uuid.NewString()[:8])
 	}
@@ -219,7 +238,8 @@ func (c *AuthorityConfig) complete() error {
 //
 // CA rotation is observed (see the package documentation): a successor CA
 // first joins ca.crt, signs only once PropagationDelay has passed (on each
-// replica's own clock, from when it first saw the successor), every
+// replica's own clock, from when it first saw the successor or, for a
+// replica started later, from its recorded publication), every
 // Observer confirmed it and every live replica announced (in its Lease)
 // that it has loaded it; the old CA stays in ca.crt until it expires. Replicas converge with optimistic concurrency (resourceVersion):
 // a write conflict means re-read and decide again, not an error. A replica
@@ -497,10 +517,12 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	}
 	if st.next != nil {
 		// The minimum delay runs from when this replica first saw the
-		// successor, on its own clock.
-		st.seenSince = now
+		// successor, on its own clock, or, when it was already published
+		// at this process's first read, from the recorded publication
+		// (rotation.delayStart).
+		st.seenSince, st.inherited = now, s.last == nil
 		if s.last != nil && s.last.next != nil && s.last.next.Cert.Equal(st.next.Cert) {
-			st.seenSince = s.last.seenSince
+			st.seenSince, st.inherited = s.last.seenSince, s.last.inherited
 		}
 		if st.nextSince.IsZero() {
 			st.nextSince = st.seenSince // publication time unknown
@@ -633,7 +655,7 @@ func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
 		// Our successor was lost, unless the Secret's signing CA is newer
 		// than it. Under the CA it was published for, it is lost whatever
 		// the NotBefores (an adopted CA is not backdated, the successor is).
-		st.next, st.nextSince, st.seenSince, restored = last.next, last.nextSince, last.seenSince, true
+		st.next, st.nextSince, st.seenSince, st.inherited, restored = last.next, last.nextSince, last.seenSince, last.inherited, true
 	}
 	if restored {
 		why := "rolled back to older content"
@@ -703,10 +725,11 @@ func parseSuccessorAndBundle(s *corev1.Secret, st *caSet) error {
 	return broken
 }
 
-// parseNextSince reads the successor's publication time. It is for status
-// only (each replica measures the minimum delay on its own clock): a
-// stripped or garbled annotation leaves it unknown, and must not stop the
-// rotation.
+// parseNextSince reads the successor's publication time. A process
+// started after the publication measures the minimum delay from it
+// (rotation.delayStart): a stripped or garbled annotation leaves it
+// unknown, the delay then runs from the process's own first sight, and
+// must not stop the rotation.
 func parseNextSince(s *corev1.Secret) time.Time {
 	t, _ := time.Parse(time.RFC3339, s.Annotations[AuthorityNextSinceAnnotation])
 	return t

@@ -283,7 +283,7 @@ func (e *emergency) publish(cs *caSet, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("making successor CA: %w", err)
 	}
-	cs.next, cs.nextSince, cs.seenSince = ca, now, now
+	cs.next, cs.nextSince, cs.seenSince, cs.inherited = ca, now, now, false
 	return nil
 }
 

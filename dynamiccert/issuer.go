@@ -370,11 +370,17 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	if i.replicas != nil {
 		var trusted []string
 		for _, c := range st.bundle {
-			if st.next != nil && c.Equal(st.next.Cert) && now.Before(i.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
+			if st.next != nil && c.Equal(st.next.Cert) && !st.inherited && now.Before(i.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
 				// Not before its minimum delay on this replica: the consumers
 				// of this replica's bundle that evercert cannot see need as
 				// long as anyone's, even if it arrived here late. (Not in an
-				// emergency: see AuthorityConfig.PropagationDelay.)
+				// emergency: see AuthorityConfig.PropagationDelay.) A
+				// process that found the successor published when it
+				// started announces it at once: it did not arrive late here,
+				// the delay runs from its publication (rotation.delayStart)
+				// and is kept by whichever replica promotes; waiting for a
+				// delay that every restart starts over would hold the
+				// successor back for good (issue 27).
 				continue
 			}
 			if i.locallyObserved(c) {

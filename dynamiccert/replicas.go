@@ -170,8 +170,11 @@ type replicaSet struct {
 	// watch showed it before this process wrote it; nil when unknown. A
 	// renewal is one Update of it, carrying its resourceVersion: no GET
 	// (issue 22). Never modified: writes work on a copy.
-	own  *coordinationv1.Lease
-	seen map[string]*seenLease // by Lease name
+	own *coordinationv1.Lease
+	// ownKey is the key that signed own (nil when this process did not
+	// write it): release signs the Lease's last version with it.
+	ownKey crypto.Signer
+	seen   map[string]*seenLease // by Lease name
 	// awakeUntil is when the run loop, which wakes at least every third of
 	// the lease duration, is due to wake next; while it works, when it last
 	// woke. Time past it was not spent watching (a paused process, a clock
@@ -261,6 +264,8 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 // answers again.
 func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 	r.woke()
+	// Runs last, once the writer and the watch have stopped.
+	defer r.release(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { r.watch(ctx, kick) })
@@ -473,8 +478,79 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	}
 	r.mu.Lock()
 	r.written, r.wroteAt, r.own, r.renewedAt = want, now, lease, renew
+	r.ownKey = key
 	r.mu.Unlock()
 	return renewEvery, nil
+}
+
+// releaseTimeout bounds release: a process that is shutting down must not
+// hang on an API server that does not answer. It is real time, not the
+// Authority's clock: it bounds requests within the pod's termination grace
+// period, which the kubelet measures in real time.
+const releaseTimeout = 5 * time.Second
+
+// releasedLeaseSeconds is the leaseDurationSeconds of a released Lease:
+// the least the API accepts.
+const releasedLeaseSeconds = 1
+
+// release ends this replica's announcement when Run's context ends (a
+// graceful shutdown), so that the other replicas stop waiting for it at
+// once rather than a lease duration later, and no Lease is left behind
+// for every rollout. It is best effort, bounded by releaseTimeout, and
+// logs what failed: a replica that could not release its Lease ages out
+// and is deleted by its peers later (collect), as after a crash.
+//
+// First the Lease's last announcement is written again, signed, with a
+// lease duration of releasedLeaseSeconds: the other replicas believe it
+// (a deletion alone is not evidence, anyone allowed to delete Leases could
+// make them stop waiting for a live replica) and stop counting this
+// replica as live once it has aged out. Then the Lease is deleted,
+// conditional on that version, so a process that took over the same
+// replica ID meanwhile keeps its Lease.
+func (r *replicaSet) release(parent context.Context) {
+	r.mu.Lock()
+	base, key, renewedAt := r.own, r.ownKey, r.renewedAt
+	r.mu.Unlock()
+	if base == nil {
+		return // never written, or deleted: nothing to release
+	}
+	logger := klog.FromContext(parent)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), releaseTimeout)
+	defer cancel()
+	leases := r.client.CoordinationV1().Leases(r.namespace)
+	version := base.ResourceVersion
+	if key != nil {
+		lease := base.DeepCopy()
+		renew := r.clock.Now().Truncate(time.Microsecond)
+		if !renew.After(renewedAt) {
+			renew = renewedAt.Add(time.Microsecond) // newer than the last: not a replay
+		}
+		lease.Spec.RenewTime = &metav1.MicroTime{Time: renew}
+		lease.Spec.LeaseDurationSeconds = ptr.To(int32(releasedLeaseSeconds))
+		delete(lease.Annotations, AuthoritySignatureAnnotation)
+		err := signAnnouncement(lease, key)
+		if err == nil {
+			lease, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			logger.Info("Could not release this replica's Lease at shutdown; the other replicas wait for it until it ages out", "provider", r.provider,
+				"lease", klog.KRef(r.namespace, r.leaseName), "err", describeLeaseError(err))
+		} else {
+			version = lease.ResourceVersion
+		}
+	}
+	err := leases.Delete(ctx, r.leaseName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &version}})
+	switch {
+	case err == nil:
+		logger.V(2).Info("Deleted this replica's Lease at shutdown", "provider", r.provider, "lease", klog.KRef(r.namespace, r.leaseName))
+	case apierrors.IsNotFound(err):
+	case apierrors.IsForbidden(err):
+		logger.Info("Cannot delete this replica's Lease at shutdown (RBAC: allow delete on leases.coordination.k8s.io); it stays until removed", "provider", r.provider,
+			"lease", klog.KRef(r.namespace, r.leaseName), "err", err)
+	default:
+		logger.Info("Could not delete this replica's Lease at shutdown; the other replicas delete it once it has aged out", "provider", r.provider,
+			"lease", klog.KRef(r.namespace, r.leaseName), "err", err)
+	}
 }
 
 // write writes want, renewed at now and signed with key (unsigned when key
@@ -681,7 +757,7 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	// What the issuer decides on changed: what the replica trusts, or how
 	// its clock compares with ours (see clocksLocked), or is known again
 	// after a pause.
-	return prev == nil || prev.stale || !slices.Equal(prev.trusted, trusted) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+	return prev == nil || prev.stale || prev.duration != duration || !slices.Equal(prev.trusted, trusted) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
 }
 
 // peerClocks is how the live replicas' clocks compare with this one's, as

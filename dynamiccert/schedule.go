@@ -38,10 +38,15 @@ type caSet struct {
 	signing   *pki.Issued
 	next      *pki.Issued
 	nextSince time.Time // when next joined the bundle, on the publisher's clock
-	// seenSince is when this process first saw next, on its own clock. The
-	// minimum delay runs from it, so replicas whose clocks disagree never
-	// cut it short: it is not stored, each process keeps its own.
+	// seenSince is when this process first saw next, on its own clock: it
+	// is not stored, each process keeps its own. The minimum delay runs
+	// from it, or, when inherited, from the recorded publication (see
+	// delayStart).
 	seenSince time.Time
+	// inherited: next was already in the state when this process first
+	// read it (a replica started, or restarted, after the publication), so
+	// seenSince says when the process started, not when next arrived.
+	inherited bool
 	bundle    []*x509.Certificate // oldest first
 	// legacy is another rotator's serving leaf, served while the signing
 	// CA was adopted without its key (SecretLayout knative): signing.Key
@@ -129,7 +134,7 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			if err != nil {
 				return false, false, fmt.Errorf("making successor CA: %w", err)
 			}
-			cs.next, cs.nextSince, cs.seenSince, changed = ca, now, now, true
+			cs.next, cs.nextSince, cs.seenSince, cs.inherited, changed = ca, now, now, false, true
 			klog.Background().Info("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
@@ -170,9 +175,44 @@ func (r rotation) promotable(cs *caSet, now time.Time, observed func(*x509.Certi
 }
 
 // signsNoEarlierThan is when the successor's minimum propagation delay
-// ends: PropagationDelay after this process first saw it.
+// ends: PropagationDelay after delayStart.
 func (r rotation) signsNoEarlierThan(cs *caSet) time.Time {
-	return cs.seenSince.Add(r.propagation)
+	return r.delayStart(cs).Add(r.propagation)
+}
+
+// delayStart is when the successor's minimum delay starts on this
+// process's clock.
+//
+// A process that saw the successor arrive measures from then, on its own
+// clock (seenSince), as before: clock skew never shortens the delay, and a
+// replica that read the successor late (a slow watch) gives its own
+// consumers as long as anyone's.
+//
+// A process that found the successor already published when it started
+// (inherited) measures from the publication recorded in the Secret
+// (nextSince, on the publisher's clock), moved later by twice the skew
+// tolerance, and never later than its own start: otherwise every restart
+// would start the delay over, and a Deployment rolled out, or a pod
+// restarted, more often than the delay would never let a successor sign
+// while the old CA is valid (issue 27). The margin is added because the
+// publisher's clock may be behind this one: taken at face value its time
+// would end the delay early in real time by as much. Twice the tolerance
+// covers two clocks each off by up to the tolerance in opposite
+// directions (the tolerance is what each is backdated for), so the delay
+// is never shortened by such skew; it costs at most that much more wait
+// when no replica that saw the publication is left. A publication time in
+// this clock's future (a publisher whose clock is ahead) changes nothing:
+// this process's own start, which came after the real publication, is
+// the earlier bound then. A publication beyond the tolerance in this
+// clock's future is a clock skew (Authority.clockSkew) and nothing is
+// decided on it. An unknown publication time (a stripped or garbled
+// annotation) leaves seenSince.
+func (r rotation) delayStart(cs *caSet) time.Time {
+	start := cs.seenSince
+	if cs.inherited && !cs.nextSince.IsZero() {
+		start = earliest(start, cs.nextSince.Add(2*r.skew))
+	}
+	return start
 }
 
 // valid reports whether c is valid at now, accepting a certificate that is

@@ -106,7 +106,7 @@ func (o *Options) build(kubeClient func() (kubernetes.Interface, error), extraSN
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
 			Hosts: o.SelfSignedHosts, KeyTypes: o.keyTypes(), Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
-			SkewTolerance: o.ClockSkewTolerance, Clock: o.Clock, EventRecorder: s.events.recorder,
+			SkewTolerance: o.ClockSkewTolerance, ReplicaID: o.ReplicaID, Clock: o.Clock, EventRecorder: s.events.recorder,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("--ca-secret (%s): %w", scheduleFlags, err)

@@ -119,6 +119,13 @@ type Options struct {
 	// replica, and serves a leaf for SelfSignedHosts signed by it (lifetime
 	// SelfSignedValidity). Flag --ca-secret.
 	CASecret string
+	// ReplicaID names this replica in the Lease it announces itself in to
+	// the other replicas of --ca-secret (dynamiccert.AuthorityConfig.
+	// ReplicaID). Give each pod its own, stable across restarts of its
+	// process: the pod name. Flag --replica-id, default $POD_NAME
+	// (NewOptions reads it; dynamiccert.PodNameEnv), else the host name
+	// with a random suffix.
+	ReplicaID string
 	// Kubeconfig is the kubeconfig file for --tls-secret and --ca-secret;
 	// empty means the in-cluster config. Flag --kubeconfig.
 	Kubeconfig string
@@ -169,6 +176,7 @@ func NewOptions() *Options {
 		Clock:              clock.RealClock{},
 		ShutdownTimeout:    10 * time.Second,
 		StartupTimeout:     DefaultStartupTimeout,
+		ReplicaID:          os.Getenv(dynamiccert.PodNameEnv),
 	}
 }
 
@@ -198,6 +206,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CABundleFile, "ca-bundle-file", o.CABundleFile, "If set, the CA bundle clients should trust is written here (0644, atomically) and rewritten at every rotation.")
 	fs.StringVar(&o.TLSSecret, "tls-secret", o.TLSSecret, "namespace/name of a Secret whose tls.crt and tls.key are the default certificate, followed by a watch (RBAC: get, list, watch on that Secret).")
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "namespace/name of a Secret that holds a CA shared by every replica (created if missing); each replica serves its own leaf for --self-signed-hosts signed by it.")
+	fs.StringVar(&o.ReplicaID, "replica-id", o.ReplicaID, "Name of this replica in the Lease it announces itself in to the other replicas of --ca-secret; each pod needs its own, stable across restarts of its process. Default $POD_NAME (set it from the downward API), else the host name with a random suffix.")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "How long in-flight requests may take to finish after SIGTERM. Connections still open then (a slow request, a client that does not read its response, a stalled handshake) are closed, a warning names them, and the server exits 0. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file for --tls-secret and --ca-secret; empty means the in-cluster config.")
 	fs.DurationVar(&o.StartupTimeout, "startup-timeout", o.StartupTimeout, "How long start-up retries, with backoff, reading --tls-secret or --ca-secret while the API server does not answer or the Secret cannot be loaded; then the process exits naming the last error.")
@@ -241,6 +250,13 @@ func (o *Options) Validate() []error {
 		errs = append(errs, fmt.Errorf("--startup-timeout: %v must be positive", o.StartupTimeout))
 	} else if o.StartupTimeout != DefaultStartupTimeout && o.TLSSecret == "" && o.CASecret == "" {
 		errs = append(errs, errors.New("--startup-timeout: only used with --tls-secret or --ca-secret"))
+	}
+	if o.ReplicaID != "" && o.CASecret == "" && o.ReplicaID != os.Getenv(dynamiccert.PodNameEnv) {
+		// Its $POD_NAME default is set in every pod, with or without --ca-secret.
+		errs = append(errs, errors.New("--replica-id: only used with --ca-secret"))
+	}
+	if strings.TrimSpace(o.ReplicaID) != o.ReplicaID {
+		errs = append(errs, fmt.Errorf("--replica-id: %q must not begin or end with white space", o.ReplicaID))
 	}
 	if o.Kubeconfig != "" && o.TLSSecret == "" && o.CASecret == "" && !o.KubeconfigUsedElsewhere {
 		errs = append(errs, errors.New("--kubeconfig: only used with --tls-secret or --ca-secret"))

@@ -205,3 +205,29 @@ func TestHostsAndLifetimeFlagsAccepted(t *testing.T) {
 	_, err = o.Build()
 	require.NoError(t, err)
 }
+
+// TestReplicaIDFlag: --replica-id names the --ca-secret Authority's replica
+// and defaults to $POD_NAME, so a process restarted in its pod announces
+// itself under the same ID (issue 27); without --ca-secret an explicit
+// value is refused, naming the flag.
+func TestReplicaIDFlag(t *testing.T) {
+	t.Setenv(dynamiccert.PodNameEnv, "webhook-7d9f8-x2k4q")
+	kubeconfig := writeKubeconfig(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "webhook-7d9f8-x2k4q"},
+		{[]string{"--replica-id=webhook-0"}, "webhook-0"},
+	} {
+		o, err := parse(t, append([]string{"--ca-secret=ns/ca", "--kubeconfig=" + kubeconfig}, tc.args...)...)
+		require.NoError(t, err)
+		s, err := o.Build()
+		require.NoError(t, err)
+		require.Equal(t, tc.want, s.Serving.(*dynamiccert.Authority).ReplicaID(), "%v", tc.args)
+	}
+	_, err := parse(t) // the $POD_NAME default alone is no error
+	require.NoError(t, err)
+	_, err = parse(t, "--replica-id=webhook-0")
+	require.ErrorContains(t, err, "--replica-id: only used with --ca-secret")
+}

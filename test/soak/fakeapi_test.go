@@ -552,6 +552,13 @@ func (l podLeases) Update(ctx context.Context, lease *coordinationv1.Lease, opts
 	return l.LeaseInterface.Update(ctx, lease, opts)
 }
 
+func (l podLeases) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	if err := l.c.request("delete", leasesGVR, l.ns); err != nil {
+		return err
+	}
+	return l.LeaseInterface.Delete(ctx, name, opts)
+}
+
 func (l podLeases) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*coordinationv1.Lease, error) {
 	if err := l.c.request("patch", leasesGVR, l.ns); err != nil {
 		return nil, err

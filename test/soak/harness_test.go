@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
@@ -365,6 +366,8 @@ func (p *pod) afterSecretWrite(before, after *corev1.Secret) error {
 		return nil
 	}
 	p.crashed.Store(true)
+	// A crash sends nothing more: no graceful release of its Lease.
+	p.client.fault.Store(&apiFault{name: "crashed", err: func(clienttesting.Action) error { return context.Canceled }})
 	p.cancel()
 	return context.Canceled
 }
