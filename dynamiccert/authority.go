@@ -349,10 +349,11 @@ func (a *Authority) AddObserver(o Observer) { a.addObserver(o) }
 // Status returns where the CA rotation stands; see RotationStatus.
 func (a *Authority) Status() RotationStatus {
 	s := a.currentStatus()
-	if broken := a.store.repair.reason(); broken != "" {
-		// Nothing moves until someone repairs the Secret.
-		s.Broken, s.Stalled = broken, true
-	}
+	// Broken does not set Stalled: every replica started after the edit
+	// reads the same Secret, so failing readiness on it would take all of
+	// them out at once while each still serves a valid leaf. Stalled
+	// follows the schedule, which turns it on before the CA's end.
+	s.Broken = a.store.repair.reason()
 	return s
 }
 
@@ -480,7 +481,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	var broken *brokenSecretError
 	if errors.As(err, &broken) {
 		var fixed []string
-		if st, fixed, err = s.repair.fill(secret, err, broken, s.last); err == nil {
+		if st, fixed, err = s.repair.fill(secret, err, broken, s.last, parseOperatorRequests(secret).compromised); err == nil {
 			repairs = append(repairs, fmt.Sprintf("%s did not parse (%v): written back as this replica last held it", strings.Join(fixed, ", "), broken))
 		}
 	}

@@ -2,7 +2,6 @@ package dynamiccert
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -44,9 +43,10 @@ import (
 //     (the fake clientset) costs a GET per maxAge.
 //
 // A GET that fails when nothing was read fresh for maxAge (the watch's
-// delivery, a GET) is an unconfirmedReadError: the check fails, Status
-// reports the replica Stalled and RotationCheck fails until a read
-// succeeds or the watch delivers again.
+// delivery, a GET) is an unconfirmedReadError: the check fails, and
+// LastError says "stale watch" (counted once per episode) until a read
+// succeeds or the watch delivers again. It does not fail readiness: the
+// same GET fails on every replica alike (see RotationStatus.Stalled).
 //
 // Writes carry the resourceVersion of what was read, from either source, so
 // a stale cache costs a Conflict and a GET, never a lost write. Safe for
@@ -111,13 +111,6 @@ func (e *unconfirmedReadError) Error() string {
 }
 
 func (e *unconfirmedReadError) Unwrap() error { return e.err }
-
-// unconfirmedRead reports whether err says that the CA Secret could not be
-// read fresh (see unconfirmedReadError).
-func unconfirmedRead(err error) bool {
-	var u *unconfirmedReadError
-	return errors.As(err, &u)
-}
 
 // observed is called for every watch event (nil: the Secret was deleted).
 func (r *secretReads) observed(secret *corev1.Secret) {

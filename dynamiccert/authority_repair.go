@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -118,7 +119,12 @@ func (r *secretRepair) setReason(why string) {
 // parse's error) from last, the state this replica last had in force: it
 // returns the state to write back and what it repaired, or an
 // *unrepairableError wrapping err.
-func (r *secretRepair) fill(secret *corev1.Secret, err error, broken *brokenSecretError, last *caSet) (*caSet, []string, error) {
+//
+// compromised is the fingerprint the Secret marks compromised, if any: a
+// marked CA is never written back, as signing CA or in the bundle, even
+// when this replica missed the emergency (it was partitioned through it)
+// and still holds the CA as its last state.
+func (r *secretRepair) fill(secret *corev1.Secret, err error, broken *brokenSecretError, last *caSet, compromised string) (*caSet, []string, error) {
 	cannot := func(why string) (*caSet, []string, error) {
 		err := &unrepairableError{err: err, why: why}
 		r.setReason(err.Error())
@@ -142,6 +148,9 @@ func (r *secretRepair) fill(secret *corev1.Secret, err error, broken *brokenSecr
 			// key is the one that broke, not the promotion.
 			pick = last.next
 		}
+		if compromised != "" && Fingerprint(pick.Cert) == compromised {
+			return cannot("the signing CA it holds is marked compromised (" + CompromisedCAAnnotation + ")")
+		}
 		if st.next != nil && st.next.Cert.Equal(pick.Cert) {
 			st.next = nil
 		}
@@ -151,10 +160,16 @@ func (r *secretRepair) fill(secret *corev1.Secret, err error, broken *brokenSecr
 		if last.next == nil || st.signing != nil && st.signing.Cert.Equal(last.next.Cert) {
 			return cannot("it never held the successor CA in " + AuthorityNextCertKey)
 		}
+		if compromised != "" && Fingerprint(last.next.Cert) == compromised {
+			return cannot("the successor CA it holds is marked compromised (" + CompromisedCAAnnotation + ")")
+		}
 		st.next, st.nextSince, fixed = last.next, last.nextSince, append(fixed, AuthorityNextCertKey)
 	}
 	if broken.bundle != nil {
-		st.bundle, fixed = slices.Clone(last.bundle), append(fixed, SecretCAKey)
+		st.bundle = slices.DeleteFunc(slices.Clone(last.bundle), func(c *x509.Certificate) bool {
+			return compromised != "" && Fingerprint(c) == compromised
+		})
+		fixed = append(fixed, SecretCAKey)
 	}
 	return st, fixed, nil
 }

@@ -1,16 +1,12 @@
 package dynamiccert
 
 import (
-	"context"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apiserver/pkg/server/healthz"
 
 	"github.com/evercert/evercert/internal/certmetrics"
@@ -28,14 +24,15 @@ type RotationStatus struct {
 	// are cut short (within the leaf renew-before of its NotAfter) and no
 	// successor signs yet: an observer is not confirming, or (with no
 	// Successor) the CA state cannot be read or written (see LastError).
-	// For an Authority replica it is also true while it cannot read its CA
-	// Secret fresh: the Secret's watch has delivered nothing (no event, no
-	// bookmark) and no read succeeded for the longer of its check interval
-	// and two minutes, and the GET that replaces the watch is refused by the
-	// API server (RBAC, a bad request). Such a replica cannot see a change
-	// of the Secret, such as a CA marked compromised. While the API server
-	// is unreachable or overloaded instead, LastError says "stale watch"
-	// but Stalled follows the schedule alone: every replica is blind alike.
+	// An Authority replica that cannot read its CA Secret fresh (the
+	// Secret's watch delivered nothing, no event and no bookmark, and no
+	// read succeeded for the longer of its check interval and two minutes,
+	// and the GET that replaces the watch fails) cannot see a change of the
+	// Secret, such as a CA marked compromised: LastError then starts with
+	// "stale watch" and the load-error metric counts it, but Stalled still
+	// follows the schedule alone. A GET fails alike on every replica (an
+	// outage, an RBAC change, a rotated token), and failing readiness on it
+	// would empty the Service of every replica at once.
 	Stalled bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
@@ -53,9 +50,13 @@ type RotationStatus struct {
 	// ca.crt does not publish) and this replica cannot repair it, because
 	// it does not hold what is missing (it started after the edit); empty
 	// otherwise. A replica that holds it writes it back instead (Warning
-	// Event CASecretRepaired). Stalled is true while Broken is set: nothing
-	// rotates until someone repairs the Secret; the replica keeps serving
-	// the leaf it has, if any.
+	// Event CASecretRepaired). Nothing rotates until someone repairs the
+	// Secret; the replica keeps serving the leaf it has, if any, reports a
+	// CertificateLoadFailed Event per episode and counts every failed
+	// check. It does not fail readiness by itself: every replica reads the
+	// same Secret, and failing them all would empty the Service while each
+	// still serves a valid leaf. Stalled (and readiness) follow the
+	// schedule: they turn on once the signing CA nears its end.
 	Broken string
 	// Emergency, for an Authority whose CA Secret marks a CA compromised
 	// (CompromisedCAAnnotation), is where the emergency rotation stands;
@@ -133,12 +134,6 @@ func (i *issuer) currentStatus() RotationStatus {
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()
-	if unconfirmedRead(s.LastError) && !apiUnavailable(s.LastError) {
-		// Blind to the Secret, whatever the schedule says, because the API
-		// server refuses this replica; when it is unreachable every
-		// replica is blind alike and LastError says so (see RotationCheck).
-		s.Stalled = true
-	}
 	i.mu.RLock()
 	s.ClockSkew = i.skew
 	i.mu.RUnlock()
@@ -156,13 +151,10 @@ type RotationReporter interface {
 // expire and no successor signs yet), naming the pending observers or the
 // error that keeps a successor from being published, and while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
-// the skew, and while an Authority replica cannot read its CA Secret fresh
-// (a stale watch and a failing GET; see RotationStatus.Stalled) because the
-// API server refuses it (RBAC, a bad request): its peers that can read are
-// the ones to serve. A GET that fails because the API server is unreachable
-// or overloaded leaves the check green, Stalled still set: every replica is
-// blind alike then, and failing them all would take the whole Service out
-// of its endpoints when the API server comes back. It
+// the skew. A stale read of the CA Secret and a broken Secret are reported
+// in Status (LastError, Broken), Events and metrics, not here: both hit
+// every replica alike, and failing readiness on them would empty the
+// Service while each replica still serves a valid leaf. It
 // belongs on /readyz and /healthz, not /livez: a restart does not make an
 // observer confirm or fix a clock.
 func RotationCheck(r RotationReporter) healthz.HealthChecker {
@@ -171,10 +163,6 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 		switch {
 		case s.ClockSkew != "":
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
-		case unconfirmedRead(s.LastError) && s.Stalled && !apiUnavailable(s.LastError):
-			return fmt.Errorf("the CA secret cannot be read fresh, changes to it go unseen: %v", s.LastError)
-		case s.Broken != "":
-			return fmt.Errorf("CA secret broken: %s", s.Broken)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:
@@ -185,15 +173,4 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 				s.Signing.Serial, s.Signing.NotAfter.UTC().Format(time.RFC3339), s.LastError)
 		}
 	})
-}
-
-// apiUnavailable reports whether err says the API server could not be
-// reached or did not answer in time (connection refused or reset, a
-// timeout, 429, 500, 503, 504), as opposed to an answer that refuses this
-// replica (403, 401, 400, 404).
-func apiUnavailable(err error) bool {
-	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsTimeout(err) || utilnet.IsProbableEOF(err) ||
-		errors.Is(err, context.DeadlineExceeded) ||
-		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
-		apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err)
 }
