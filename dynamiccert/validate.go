@@ -114,11 +114,11 @@ const MaxLifetime = 200 * 365 * 24 * time.Hour
 func checkLifetimes(lifetime, caLifetime time.Duration, caFactor int64) error {
 	switch {
 	case lifetime > MaxLifetime:
-		return fmt.Errorf("Lifetime %v must be at most %v (MaxLifetime)", lifetime, MaxLifetime)
+		return fmt.Errorf("the Lifetime %v must be at most %v (MaxLifetime)", lifetime, MaxLifetime)
 	case caLifetime > MaxLifetime:
-		return fmt.Errorf("CALifetime %v must be at most %v (MaxLifetime)", caLifetime, MaxLifetime)
+		return fmt.Errorf("the CALifetime %v must be at most %v (MaxLifetime)", caLifetime, MaxLifetime)
 	case caLifetime == 0 && lifetime > MaxLifetime/time.Duration(caFactor):
-		return fmt.Errorf("Lifetime %v must be at most %v while CALifetime is left to its default, %d × Lifetime, which must be at most %v (MaxLifetime); set CALifetime to allow a longer Lifetime",
+		return fmt.Errorf("the Lifetime %v must be at most %v while CALifetime is left to its default, %d × Lifetime, which must be at most %v (MaxLifetime); set CALifetime to allow a longer Lifetime",
 			lifetime, MaxLifetime/time.Duration(caFactor), caFactor, MaxLifetime)
 	}
 	return nil

@@ -52,9 +52,9 @@ func closedPort(t *testing.T) string {
 // serveStepping runs s.Serve and steps clk by a second whenever start-up
 // waits on it beyond the --startup-timeout timer (a backoff timer is
 // waiting too), until Serve returns or, when until is not nil, until is
-// closed. It returns Serve's error (nil when until closed first) and a
-// function that stops Serve and returns its error then.
-func serveStepping(t *testing.T, s *Serving, clk *clocktesting.FakeClock, until <-chan struct{}) (error, func() error) {
+// closed. It returns a function that stops Serve and returns its error
+// then, and Serve's error (nil when until closed first).
+func serveStepping(t *testing.T, s *Serving, clk *clocktesting.FakeClock, until <-chan struct{}) (func() error, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -75,9 +75,9 @@ func serveStepping(t *testing.T, s *Serving, clk *clocktesting.FakeClock, until 
 		case err := <-done:
 			cancel()
 			done <- err
-			return err, stop
+			return stop, err
 		case <-until:
-			return nil, stop
+			return stop, nil
 		case <-guard:
 			_ = stop()
 			t.Fatalf("Serve neither returned nor listened within %v of real time", serveGuard)
@@ -106,7 +106,7 @@ func TestServeAPIServerUnreachableAtStart(t *testing.T) {
 			start := clk.Now()
 			s, err := o.Build()
 			require.NoError(t, err)
-			err, _ = serveStepping(t, s, clk, nil)
+			_, err = serveStepping(t, s, clk, nil)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), flag+" ns/serving: not loaded within --startup-timeout (1m0s): ")
 			assert.Contains(t, err.Error(), "connection refused")
@@ -175,7 +175,7 @@ func TestServeWaitsForAPIServerAtStart(t *testing.T) {
 		api.Listener = ln
 		api.StartTLS()
 	}()
-	err, stop := serveStepping(t, s, clk, s.Listening())
+	stop, err := serveStepping(t, s, clk, s.Listening())
 	require.NoError(t, err, "Serve returned before listening")
 	t.Cleanup(api.Close)
 	defer func() { require.NoError(t, stop()) }()

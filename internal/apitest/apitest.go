@@ -57,18 +57,12 @@ func Key(a clienttesting.Action) string {
 	if sub := a.GetSubresource(); sub != "" {
 		k += "/" + sub
 	}
+	// Get, delete and patch actions name their object; create and update
+	// actions carry it.
 	switch a := a.(type) {
-	case clienttesting.GetAction:
+	case interface{ GetName() string }:
 		k += " " + a.GetName()
-	case clienttesting.DeleteAction:
-		k += " " + a.GetName()
-	case clienttesting.PatchAction:
-		k += " " + a.GetName()
-	case clienttesting.CreateAction:
-		if o, ok := a.GetObject().(metav1.Object); ok && o.GetName() != "" {
-			k += " " + o.GetName()
-		}
-	case clienttesting.UpdateAction:
+	case interface{ GetObject() runtime.Object }:
 		if o, ok := a.GetObject().(metav1.Object); ok && o.GetName() != "" {
 			k += " " + o.GetName()
 		}
