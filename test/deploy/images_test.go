@@ -125,13 +125,23 @@ func TestImagesServe(t *testing.T) {
 			_, addr := proctest.Start(t, u.bin(), servingLine, args...)
 			waitReady(t, addr, serverName, bundle)
 			if b.dir == "apiserver" {
-				// It registered: the APIService it updated carries the CA.
-				got, err := a.dyn.Resource(apiServicesGVR).Get(ctx, "v1alpha1.certificates.evercert.io", metav1.GetOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if ca, _, _ := unstructuredString(got.Object, "spec", "caBundle"); ca == "" {
-					t.Errorf("APIService has no caBundle after the apiserver became ready")
+				// It registers: the APIService it updates carries the CA.
+				// Registration runs beside serving (readiness does not wait
+				// for it, and it retries with backoff), so a loaded machine
+				// may see /readyz before the update: wait, bounded.
+				deadline := time.Now().Add(time.Minute)
+				for {
+					got, err := a.dyn.Resource(apiServicesGVR).Get(ctx, "v1alpha1.certificates.evercert.io", metav1.GetOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ca, _, _ := unstructuredString(got.Object, "spec", "caBundle"); ca != "" {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("APIService has no caBundle a minute after the apiserver became ready")
+					}
+					time.Sleep(100 * time.Millisecond)
 				}
 			}
 		})
