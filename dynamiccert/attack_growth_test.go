@@ -3,6 +3,7 @@ package dynamiccert
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,18 @@ func countLeases(t *testing.T, client *fake.Clientset) int {
 // gone must be cleaned up by the replicas that remain.
 func TestAttackRestartsDoNotAccumulateLeases(t *testing.T) {
 	client := fake.NewClientset()
+	// The pods of these rollouts crash (or are killed past their grace
+	// period): a graceful stop deletes its own Lease, so Leases pile up
+	// only where a process could not. Refusing the deletes while they roll
+	// leaves each Lease behind, as a crash does.
+	var crashing atomic.Bool
+	crashing.Store(true)
+	client.PrependReactor("delete", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if crashing.Load() {
+			return true, nil, errors.New("the process died before it could delete its Lease")
+		}
+		return false, nil, nil
+	})
 	clk := clocktesting.NewFakeClock(testNow)
 	start := func() (*Authority, context.CancelFunc) {
 		a, err := NewAuthority(AuthorityConfig{
@@ -65,6 +78,7 @@ func TestAttackRestartsDoNotAccumulateLeases(t *testing.T) {
 		clk.Step(time.Minute)
 	}
 	require.Equal(t, rollouts, countLeases(t, client))
+	crashing.Store(false)
 
 	survivor, _ := start()
 	waitFor(t, "the survivor's leaf", func() bool { return survivor.Leaf() != nil })
