@@ -125,7 +125,7 @@ func replayedAnnouncementsCycle(w *world, _ int) {
 		saved[p.id] = l
 	}
 	w.toPublished()
-	w.act(victim.teardown)
+	w.act(victim.kill) // its Lease stays, as a killed pod's does
 	before := w.rejections(certmetrics.AnnouncementReplayed)
 	w.untilPromotedUnder(func() {
 		for id, l := range saved {
@@ -152,7 +152,7 @@ func garbledAnnouncementsCycle(w *world, _ int) {
 	att := newAttacker(w)
 	victim, other := w.pods[2], w.pods[1]
 	w.toPublished()
-	w.act(victim.teardown)
+	w.act(victim.kill) // its Lease stays, as a killed pod's does
 	beforeG, beforeF := w.rejections(certmetrics.AnnouncementGarbled), w.rejections(certmetrics.AnnouncementForged)
 	n := 0
 	w.untilPromotedUnder(func() {

@@ -387,6 +387,13 @@ func secretWriteKind(before, after *corev1.Secret) string {
 	return "other"
 }
 
+// kill stops the pod as a SIGKILL does: it sends nothing more, so its Lease
+// stays behind (a graceful teardown deletes it).
+func (p *pod) kill() {
+	p.client.fault.Store(&apiFault{name: "killed", err: func(clienttesting.Action) error { return context.Canceled }})
+	p.teardown()
+}
+
 // teardown stops the pod and waits for its goroutines; its bundles are no
 // longer published from now on.
 func (p *pod) teardown() {
