@@ -101,7 +101,7 @@ func TestLifetimeLimit(t *testing.T) {
 	}
 	err := authority(40*year, 0)
 	require.Error(t, err)
-	assert.Equal(t, "authority ns/ca: Lifetime 350400h0m0s must be at most 219000h0m0s while CALifetime is left to its default, 8 × Lifetime, which must be at most 1752000h0m0s (MaxLifetime); set CALifetime to allow a longer Lifetime", err.Error())
+	assert.Equal(t, "authority ns/ca: the Lifetime 350400h0m0s must be at most 219000h0m0s while CALifetime is left to its default, 8 × Lifetime, which must be at most 1752000h0m0s (MaxLifetime); set CALifetime to allow a longer Lifetime", err.Error())
 	assert.NoError(t, authority(25*year, 0), "the longest Lifetime with the default CALifetime")
 	assert.NoError(t, authority(40*year, 100*year), "a longer Lifetime with CALifetime set")
 	assert.ErrorContains(t, authority(40*year, 250*year), "CALifetime 2190000h0m0s must be at most 1752000h0m0s (MaxLifetime)")
