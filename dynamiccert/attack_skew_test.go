@@ -147,10 +147,12 @@ func TestAttackSkewJudgedAtTheDecisionsTime(t *testing.T) {
 	base.Step(2*time.Hour + time.Minute) // the fast CA is valid from here on
 	before := writes.Load()
 	decided := false
-	_, err = a.store.update(context.Background(), decideAt, func(cs *caSet) (bool, error) {
-		decided = true
-		changed, _, err := a.sched.advance(cs, decideAt, observation{all: a.observed, local: a.locallyObserved})
-		return changed, err
+	m := a.machine()
+	_, err = a.store.update(context.Background(), decideAt, func(in stepInput) (stepResult, error) {
+		in.obs = observation{all: a.observed, local: a.locallyObserved}
+		res, err := m.step(in)
+		decided = res.skew == nil
+		return res, err
 	})
 	var skew *clockSkewError
 	require.ErrorAs(t, err, &skew, "the CA is not yet valid at the time of the decision")

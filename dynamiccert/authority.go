@@ -288,13 +288,6 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
 		repair: &secretRepair{name: cfg.Name, key: src.key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
 	a := &Authority{cfg: cfg, store: store}
-	store.judge = func(st *caSet, now time.Time) (string, bool) {
-		if a.replicas != nil {
-			// Announced leaves must chain to a CA of the Secret as read.
-			a.replicas.setRoots(st)
-		}
-		return a.clockSkew(st, now)
-	}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
 		checkInterval: cfg.CheckInterval, clock: cfg.Clock, recorder: cfg.EventRecorder, eventObject: cfg.EventObject,
@@ -306,7 +299,14 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	}, store, cfg.Observers)
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, secretRef), a.servingFrom)
-	store.compromised = a.emerg.compromised
+	a.issuer.repair = store.repair
+	a.issuer.judge = func(st *caSet, now time.Time) (string, bool) {
+		if a.replicas != nil {
+			// Announced leaves must chain to a CA of the Secret as read.
+			a.replicas.setRoots(st)
+		}
+		return a.clockSkew(st, now)
+	}
 	if !cfg.DisableReplicaAnnouncements {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 		store.reads.apiFailing = a.replicas.writeFailing.Load
@@ -354,6 +354,9 @@ func (a *Authority) Status() RotationStatus {
 	// them out at once while each still serves a valid leaf. Stalled
 	// follows the schedule, which turns it on before the CA's end.
 	s.Broken = a.store.repair.reason()
+	if s.Broken != "" && s.ClockSkew == "" {
+		s.Phase = PhaseBroken
+	}
 	return s
 }
 
@@ -419,12 +422,6 @@ type secretStore struct {
 	waiting   errlog.Once  // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
-	// compromised, when set, reports a CA marked compromised: it is never
-	// written back (see restore).
-	compromised func(ops operatorRequests, c *x509.Certificate) bool
-	// judge, when set, says why this replica's clock must not change the
-	// state as read (Authority.clockSkew); "" when it may.
-	judge func(st *caSet, now time.Time) (reason string, waiting bool)
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
@@ -437,23 +434,25 @@ func (s *secretStore) run(ctx context.Context, _ func()) {
 	s.src.run(ctx)
 }
 
-func (s *secretStore) update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (s *secretStore) update(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
 	const attempts = 5
+	var res stepResult
 	var err error
 	for range attempts {
-		var st *caSet
-		st, err = s.updateOnce(ctx, now, decide)
+		res, err = s.updateOnce(ctx, now, step)
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return st, err
+			return res, err
 		}
 		// Another replica wrote first: re-read and decide again.
 		klog.FromContext(ctx).V(2).Info("CA secret changed underneath us; re-reading", "provider", s.cfg.Name)
 	}
-	return nil, err
+	return stepResult{}, err
 }
 
-func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
-	// mayReference: the Secret may now reference the CA keys decide made
+// updateOnce reads the Secret, lets step decide, and writes what it
+// decided: the I/O around one transition of the rotation (machine.step).
+func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
+	// mayReference: the Secret may now reference the CA keys step made
 	// in a key store; when it may not, they are deleted (caKeys.settle).
 	mayReference := false
 	defer func() { s.keys.settle(ctx, mayReference) }()
@@ -463,16 +462,16 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 	switch {
 	case apierrors.IsNotFound(err) && s.cfg.DisableCreate && s.last == nil:
 		s.waiting.Info(klog.Background(), "waiting: secret missing", "Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.key)
-		return nil, errWaitingForStore
+		return stepResult{}, errWaitingForStore
 	case apierrors.IsNotFound(err):
 		secret = &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: s.cfg.Namespace, Name: s.cfg.SecretName},
 			Type:       corev1.SecretTypeTLS,
 		}
 	case err != nil && ctx.Err() != nil:
-		return nil, ctx.Err()
+		return stepResult{}, ctx.Err()
 	case err != nil:
-		return nil, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
+		return stepResult{}, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
 	}
 	st, convert, err := parseSecretLayout(secret, s.cfg.Adopt)
 	// repairs say what a hand edit broke and this replica writes back
@@ -489,60 +488,26 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		err = s.keys.resolveKeys(st)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
+		return stepResult{}, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
 	st.ops = parseOperatorRequests(secret)
-	if !convert {
-		pasted, err := s.repair.unpublished(st, s.last, now)
-		if err != nil {
-			return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
-		}
-		if pasted != "" {
-			repairs = append(repairs, pasted)
-		}
-	}
-	if len(repairs) == 0 {
-		s.repair.healthy()
-	} else {
-		s.repair.setReason("") // repaired below, or decided again after a conflict
-	}
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
 	}
-	var skew string
-	var waiting bool
-	if s.judge != nil {
-		// Judged on the Secret as written, before this replica fills in
-		// what it lacks (an unknown publication time) from its own clock.
-		skew, waiting = s.judge(st, now)
+	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
+	if err != nil {
+		return res, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
-	if st.next != nil {
-		// The minimum delay runs from when this replica first saw the
-		// successor, on its own clock, or, when it was already published
-		// at this process's first read, from the recorded publication
-		// (rotation.delayStart).
-		st.seenSince, st.inherited = now, s.last == nil
-		if s.last != nil && s.last.next != nil && s.last.next.Cert.Equal(st.next.Cert) {
-			st.seenSince, st.inherited = s.last.seenSince, s.last.inherited
-		}
-		if st.nextSince.IsZero() {
-			st.nextSince = st.seenSince // publication time unknown
-		}
-	}
-	if skew != "" {
+	if res.skew != nil {
 		// This clock is the suspect: nothing is restored, decided or
 		// written; the state as read is what the replica serves.
 		last := st.clone()
 		s.last = &last
-		return st, &clockSkewError{reason: skew, waiting: waiting}
+		return res, res.skew
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
-	restored := s.restore(st, exists, now)
-	changed, err := decide(st)
-	if err != nil {
-		return nil, fmt.Errorf("CA secret %s: %w", s.src.key, err)
-	}
-	if changed || restored || convert || len(repairs) > 0 {
+	st = res.state
+	if res.write {
 		asRead := secret
 		// The Update carries the resourceVersion read above: a Secret
 		// written meanwhile (another replica, or the other tool still
@@ -569,104 +534,29 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, decide func
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			mayReference = false // refused: nothing was written
-			return nil, err
+			return stepResult{}, err
 		}
 		if err != nil && ctx.Err() != nil {
-			return nil, ctx.Err()
+			return stepResult{}, ctx.Err()
 		}
 		if err != nil {
 			verbs := "update on this Secret"
 			if !exists {
 				verbs = "create on secrets in the namespace, or pre-create the Secret and set DisableCreate"
 			}
-			return nil, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err, verbs))
+			return stepResult{}, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err, verbs))
 		}
 		s.lastWrite = secret.ResourceVersion
 		s.reads.wrote(secret)
-		if len(repairs) > 0 {
-			s.repair.repaired(asRead, strings.Join(repairs, "; "))
+		if len(res.repairs) > 0 {
+			s.repair.repaired(asRead, strings.Join(res.repairs, "; "))
 		}
 		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
-			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", restored, "adopted", convert)
+			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", res.restored, "adopted", convert)
 	}
 	last := st.clone()
 	s.last = &last
-	return st, nil
-}
-
-// restore merges the last state this replica had in force into st, when st
-// lost some of it: the Secret was deleted, or rolled back to older content.
-// CAs that clients may trust come back into the bundle, and the newest CA
-// that signed keeps signing, so no client loses trust. It reports whether
-// st changed.
-func (s *secretStore) restore(st *caSet, exists bool, now time.Time) bool {
-	if s.last == nil {
-		return false
-	}
-	last := s.last
-	skew := s.cfg.SkewTolerance
-	// A CA that expires within the skew tolerance may have left on
-	// schedule, on a replica whose clock is ahead: it is not lost, and
-	// writing it back would flip ca.crt with that replica until our clock
-	// catches up.
-	keep := func(c *x509.Certificate) bool {
-		return now.Add(skew).Before(c.NotAfter) && (s.compromised == nil || !s.compromised(st.ops, c))
-	}
-	restored := false
-	for _, c := range last.bundle {
-		if keep(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
-			st.bundle, restored = append(st.bundle, c), true
-		}
-	}
-	if restored {
-		// Only a bundle that is written back is reordered: a replica that
-		// holds ca.crt in another order than the Secret publishes other
-		// bytes (caBundle, bundle file, its announced hash) than its peers.
-		slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
-	}
-	// The Secret went back in time when its signing CA is older than ours
-	// and either one we knew (a restore brings back what was there before)
-	// or no longer valid. A valid CA we never saw is another writer's: a
-	// replica whose clock is behind ours by more than the tolerance made it
-	// because ours is not yet valid on its clock. Taking that for a
-	// rollback would make the two replace each other's CA at API latency,
-	// adding a CA to ca.crt on every round.
-	rolledBack := func(c *pki.Issued) bool {
-		if last.next != nil && c.Cert.Equal(last.next.Cert) {
-			// Our successor, promoted: forward. Its NotBefore may be the
-			// older one (it is backdated by the skew tolerance; an adopted
-			// CA may not be backdated at all). Any other CA is judged as
-			// below, also one with a key replacing a CA adopted without
-			// its key: a backup restored mid-adoption is a rollback.
-			return false
-		}
-		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
-		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
-		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid)
-	}
-	if last.signing != nil && keep(last.signing.Cert) &&
-		(st.signing == nil || rolledBack(st.signing)) &&
-		(st.next == nil || !st.next.Cert.Equal(last.signing.Cert)) {
-		// Ours is newer: the Secret went back in time. (A successor that
-		// another replica promoted is newer than ours and wins.)
-		st.signing, st.legacy, restored = last.signing, last.legacy, true
-	}
-	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
-		(last.signing != nil && st.signing.Cert.Equal(last.signing.Cert) || last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore)) {
-		// Our successor was lost, unless the Secret's signing CA is newer
-		// than it. Under the CA it was published for, it is lost whatever
-		// the NotBefores (an adopted CA is not backdated, the successor is).
-		st.next, st.nextSince, st.seenSince, st.inherited, restored = last.next, last.nextSince, last.seenSince, last.inherited, true
-	}
-	if restored {
-		why := "rolled back to older content"
-		if !exists {
-			why = "deleted"
-		}
-		klog.Background().Info("CA secret was "+why+"; writing back the CAs this replica knows so clients keep their trust",
-			"provider", s.cfg.Name, "secret", s.src.key, "signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle))
-	}
-	return restored
+	return res, nil
 }
 
 // parseAuthoritySecret reads the CA side of the rotation state from the

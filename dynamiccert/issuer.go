@@ -38,6 +38,10 @@ type issuer struct {
 	store    caStore
 	replicas *replicaSet // nil without replica coordination
 	emerg    *emergency  // operator requests; nil for SelfSigned
+	// repair and judge are the Authority's (see machine); nil for
+	// SelfSigned.
+	repair *secretRepair
+	judge  func(st *caSet, now time.Time) (reason string, waiting bool)
 	report   *reporter
 	kick     chan struct{}
 	// apiBack is signalled by the Lease writer when a write succeeds after
@@ -89,14 +93,12 @@ type issuerConfig struct {
 
 // caStore keeps an issuer's CA state.
 type caStore interface {
-	// update reads the current state, lets decide change it, writes it back
-	// when decide reports a change, and returns the state now in force. A
-	// write conflict is resolved inside by re-reading and deciding again.
-	// now is the time decide decides at: whatever the store judges by the
-	// clock (Authority.clockSkew) must use the same instant, or a clock
-	// that moves between the two (a pause, a step) lets decide act on a
-	// time the judgement never saw.
-	update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error)
+	// update reads the current state, passes it to step (machine.step, at
+	// now), writes what step decided when it says so, and returns step's
+	// result, whose state is the state now in force. A write conflict is
+	// resolved inside by re-reading and deciding again. A clock skew is
+	// returned as a *clockSkewError with the result (the state as read).
+	update(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error)
 	// run follows the store until ctx is done, calling kick when it changed
 	// underneath; stores that cannot change underneath return at once.
 	run(ctx context.Context, kick func())
@@ -272,18 +274,13 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		i.replicas.listOnce(ctx) // know the peers before judging the clock
 	}
 	now := i.cfg.clock.Now()
-	var unsafe bool
 	var skew *clockSkewError
-	st, err := i.store.update(ctx, now, func(cs *caSet) (bool, error) {
-		obs := observation{all: i.observed, local: i.locallyObserved}
-		acted, err := i.emerg.decide(cs, now, obs)
-		if err != nil {
-			return false, err
-		}
-		changed, u, err := i.sched.advance(cs, now, obs)
-		unsafe = u
-		return changed || acted, err
+	m := i.machine()
+	res, err := i.store.update(ctx, now, func(in stepInput) (stepResult, error) {
+		in.obs = observation{all: i.observed, local: i.locallyObserved}
+		return m.step(in)
 	})
+	st := res.state
 	switch {
 	case err == errWaitingForStore:
 		return i.cfg.checkInterval, nil
@@ -304,7 +301,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	i.clockAgrees()
-	if unsafe {
+	if res.unsafe {
 		i.recordUnsafe(st, now)
 	}
 	if err := i.adopt(st, now, true); err != nil {
@@ -368,25 +365,8 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	i.mu.Unlock()
 
 	if i.replicas != nil {
-		var trusted []string
-		for _, c := range st.bundle {
-			if st.next != nil && c.Equal(st.next.Cert) && !st.inherited && now.Before(i.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
-				// Not before its minimum delay on this replica: the consumers
-				// of this replica's bundle that evercert cannot see need as
-				// long as anyone's, even if it arrived here late. (Not in an
-				// emergency: see AuthorityConfig.PropagationDelay.) A
-				// process that found the successor published when it
-				// started announces it at once: it did not arrive late here,
-				// the delay runs from its publication (rotation.delayStart)
-				// and is kept by whichever replica promotes; waiting for a
-				// delay that every restart starts over would hold the
-				// successor back for good (issue 27).
-				continue
-			}
-			if i.locallyObserved(c) {
-				trusted = append(trusted, Fingerprint(c))
-			}
-		}
+		m := i.machine()
+		trusted := m.announced(st, now, i.locallyObserved)
 		i.replicas.announce(trusted, bundle, leafSerial, leafPEM, leafKey)
 	}
 	i.updateStatus(st, now)
@@ -528,16 +508,24 @@ func (i *issuer) reissueFloor(now time.Time) (time.Time, bool) {
 	return end, i.leaf != nil && !now.Before(i.leafIssued) && now.Before(end)
 }
 
-// memoryStore keeps the CA state in memory (SelfSigned).
+// machine is the rotation's state machine with this issuer's rules.
+func (i *issuer) machine() machine {
+	return machine{sched: i.sched, emerg: i.emerg, repair: i.repair, judge: i.judge}
+}
+
+// memoryStore keeps the CA state in memory (SelfSigned): nobody else writes
+// it, so it is never lost (no last) and never contested.
 type memoryStore struct{ cs caSet }
 
-func (m *memoryStore) update(_ context.Context, _ time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (m *memoryStore) update(_ context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
 	work := m.cs.clone()
-	if _, err := decide(&work); err != nil {
-		return nil, err
+	res, err := step(stepInput{now: now, read: &work, exists: work.signing != nil})
+	if err != nil {
+		return stepResult{}, err
 	}
-	m.cs = work
-	return &m.cs, nil
+	m.cs = *res.state
+	res.state = &m.cs
+	return res, nil
 }
 
 func (m *memoryStore) run(context.Context, func()) {}

@@ -143,17 +143,19 @@ type churningStore struct {
 	now func() time.Time
 }
 
-func (c *churningStore) update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
-	return c.memoryStore.update(ctx, now, func(cs *caSet) (bool, error) {
-		if _, err := decide(cs); err != nil {
-			return false, err
+func (c *churningStore) update(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
+	return c.memoryStore.update(ctx, now, func(in stepInput) (stepResult, error) {
+		res, err := step(in)
+		if err != nil {
+			return res, err
 		}
 		ca, err := c.newCA(c.now())
 		if err != nil {
-			return false, err
+			return res, err
 		}
-		cs.signing, cs.bundle = ca, append(cs.bundle, ca.Cert)
-		return true, nil
+		res.state.signing, res.state.bundle = ca, append(res.state.bundle, ca.Cert)
+		res.write = true
+		return res, nil
 	})
 }
 

@@ -389,7 +389,7 @@ type countingStore struct {
 	n atomic.Int64
 }
 
-func (c *countingStore) update(ctx context.Context, now time.Time, decide func(*caSet) (bool, error)) (*caSet, error) {
+func (c *countingStore) update(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
 	c.n.Add(1)
-	return c.caStore.update(ctx, now, decide)
+	return c.caStore.update(ctx, now, step)
 }

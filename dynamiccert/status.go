@@ -15,6 +15,9 @@ import (
 // RotationStatus is where an issuer (SelfSigned, Authority) stands in its
 // CA rotation. Read it with Status; it is a copy the caller owns.
 type RotationStatus struct {
+	// Phase is where the rotation stands (see Phase); PhaseStarting before
+	// the first check.
+	Phase Phase
 	// Signing is the CA that signs leaves now; zero before the first check.
 	Signing CAStatus
 	// Successor is the CA published in the bundle that waits for its
@@ -97,8 +100,9 @@ func describeCA(c *x509.Certificate) CAStatus {
 
 // updateStatus recomputes the status and the pending-observers gauge.
 func (i *issuer) updateStatus(st *caSet, now time.Time) {
-	s := RotationStatus{Signing: describeCA(st.signing.Cert)}
-	s.Stalled = !now.Before(st.signing.Cert.NotAfter.Add(-i.sched.leafRenewBefore))
+	m := i.machine()
+	s := RotationStatus{Signing: describeCA(st.signing.Cert), Phase: m.phase(st, now, "", "")}
+	s.Stalled = m.stalled(st, now)
 	pending := 0
 	if st.next != nil {
 		succ := &SuccessorStatus{
@@ -137,6 +141,12 @@ func (i *issuer) currentStatus() RotationStatus {
 	i.mu.RLock()
 	s.ClockSkew = i.skew
 	i.mu.RUnlock()
+	switch {
+	case s.ClockSkew != "":
+		s.Phase = PhaseSuspect
+	case s.Phase == "":
+		s.Phase = PhaseStarting
+	}
 	return s
 }
 
