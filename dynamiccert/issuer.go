@@ -42,8 +42,8 @@ type issuer struct {
 	// SelfSigned.
 	repair *secretRepair
 	judge  func(st *caSet, now time.Time) (reason string, waiting bool)
-	report   *reporter
-	kick     chan struct{}
+	report *reporter
+	kick   chan struct{}
 	// apiBack is signalled by the Lease writer when a write succeeds after
 	// failing: the API server answers again (see run).
 	apiBack chan struct{}

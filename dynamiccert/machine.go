@@ -224,6 +224,7 @@ func (m *machine) announced(st *caSet, now time.Time, locallyObserved func(*x509
 	}
 	return trusted
 }
+
 // restore merges the last state this replica had in force into st, when st
 // lost some of it: the Secret was deleted, or rolled back to older content.
 // CAs that clients may trust come back into the bundle, and the newest CA
@@ -297,4 +298,3 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	}
 	return restored
 }
-
