@@ -672,23 +672,29 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 				obj = d.Obj
 			}
 			if l, ok := obj.(*coordinationv1.Lease); ok {
-				r.mu.Lock()
-				if s := r.seen[l.Name]; s != nil {
-					s.deleted, s.rv = true, ""
-				} else {
-					r.forgetAnnouncementLocked(l.Name) // never believed
-				}
-				delete(r.held, l.Name)
-				delete(r.judgedVersion, l.Name)
-				if l.Name == r.leaseName {
-					r.own = nil // the next write creates it
-				}
-				r.mu.Unlock()
+				r.deleted(l)
 				kick()
 			}
 		},
 	}, cache.HandlerOptions{})
 	informer.RunWithContext(ctx)
+}
+
+// deleted records that the Lease l was deleted: its replica is still waited
+// for until the Lease would have aged out (collect forgets it then).
+func (r *replicaSet) deleted(l *coordinationv1.Lease) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.seen[l.Name]; s != nil {
+		s.deleted, s.rv = true, ""
+	} else {
+		r.forgetAnnouncementLocked(l.Name) // never believed
+	}
+	delete(r.held, l.Name)
+	delete(r.judgedVersion, l.Name)
+	if l.Name == r.leaseName {
+		r.own = nil // the next write creates it
+	}
 }
 
 // observe records a Lease and reports whether what it announces changed.
