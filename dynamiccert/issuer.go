@@ -278,6 +278,9 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	m := i.machine()
 	res, err := i.store.update(ctx, now, func(in stepInput) (stepResult, error) {
 		in.obs = observation{all: i.observed, local: i.locallyObserved}
+		if i.replicas != nil {
+			in.consumersMayLack = i.replicas.consumersMayLack
+		}
 		return m.step(in)
 	})
 	st := res.state
@@ -302,7 +305,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	}
 	i.clockAgrees()
 	if res.unsafe {
-		i.recordUnsafe(st, now)
+		i.recordUnsafe(st, res.unsafeWhy)
 	}
 	if err := i.adopt(st, now, true); err != nil {
 		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
@@ -338,7 +341,12 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 			i.leaf, i.alts, i.leafPair, i.leafCA, changed = st.legacy, nil, st.legacy.KeyPair(), st.signing.Cert.Raw, true
 			i.report.Loaded(st.legacy.Cert, "adopted", true, "caSerial", serial(st.signing.Cert))
 		}
-	} else if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) {
+	} else if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) && !i.emerg.compromised(st.ops, st.signing.Cert) {
+		// A CA marked compromised signs no new leaf, not even for a
+		// replica that has none yet (started mid-emergency): it serves
+		// nothing, or the leaf it has, until the successor signs, which
+		// happens as soon as every observer and live replica has it. A
+		// leaf it signed now would keep it in ca.crt for as long.
 		// Every key type is issued before any is swapped in, so the leaves
 		// always come from the same CA and renew together.
 		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
@@ -395,13 +403,12 @@ func (i *issuer) keepServing(now time.Time) {
 
 // recordUnsafe reports a rotation in which a CA signed before it was
 // observed: clients that did not refresh their trust will fail until they do.
-func (i *issuer) recordUnsafe(st *caSet, now time.Time) {
+func (i *issuer) recordUnsafe(st *caSet, why string) {
 	i.mu.Lock()
 	i.unsafe++
 	i.mu.Unlock()
 	certmetrics.UnsafeRotation(i.cfg.name)
-	msg := fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it; clients must refresh their trust bundle",
-		now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
+	msg := why + "; clients must refresh their trust bundle"
 	klog.Background().Error(nil, "Unsafe CA rotation", "provider", i.cfg.name, "detail", msg, "caSerial", serial(st.signing.Cert))
 	i.report.Event(corev1.EventTypeWarning, ReasonUnsafeCARotation, certreport.ActionRotate, msg)
 }
@@ -438,6 +445,13 @@ func (i *issuer) nextDeadline() time.Time {
 		// Replicas and observers notify; still look again at least every
 		// check interval while a successor waits.
 		next = earliest(next, now.Add(i.cfg.checkInterval))
+	}
+	if !next.After(now) {
+		// The check just made did all it could at now (a due leaf that a
+		// CA marked compromised may not sign, see adopt): a deadline that
+		// is not ahead would be a busy loop, which the simulator found.
+		// Notifications still wake the loop sooner.
+		next = now.Add(i.cfg.checkInterval)
 	}
 	return next
 }

@@ -2,6 +2,7 @@ package dynamiccert
 
 import (
 	"crypto/x509"
+	"fmt"
 	"slices"
 	"time"
 
@@ -74,6 +75,11 @@ type stepInput struct {
 	// last is the state this process last had in force; nil before its
 	// first check.
 	last *caSet
+	// consumersMayLack, when set, reports whether the consumers of this
+	// process's bundle may lack a successor it finds published at its first
+	// read (replicaSet.consumersMayLack); nil: they have it (SelfSigned has
+	// no restart).
+	consumersMayLack func(*x509.Certificate) bool
 	// adopted: read from another rotator's layout; written back in ours.
 	adopted bool
 	// repairs name the parts of a hand-edited Secret that did not parse and
@@ -91,8 +97,10 @@ type stepResult struct {
 	// restored: CAs this process knew were lost (a deletion, a rollback)
 	// and are written back.
 	restored bool
-	// unsafe: a CA began to sign before it was observed (counted).
-	unsafe bool
+	// unsafe: a CA began to sign before it was observed (counted), for
+	// the reason unsafeWhy.
+	unsafe    bool
+	unsafeWhy string
 	// repairs say what this step writes back after a hand edit.
 	repairs []string
 	// skew, when set, is why this replica's clock is the suspect: nothing
@@ -147,17 +155,42 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		skew, waiting = m.judge(st, now)
 	}
 	if st.next != nil {
-		st.seenSince, st.inherited = now, in.last == nil
+		// A successor found published at this process's first read is
+		// inherited: its delay runs from the recorded publication and it
+		// is announced at once, unless this pod's consumers may lack it.
+		st.seenSince, st.inherited = now, in.last == nil && (in.consumersMayLack == nil || !in.consumersMayLack(st.next.Cert))
 		if in.last != nil && in.last.next != nil && in.last.next.Cert.Equal(st.next.Cert) {
-			st.seenSince, st.inherited = in.last.seenSince, in.last.inherited
+			st.seenSince, st.inherited, st.observedSince = in.last.seenSince, in.last.inherited, in.last.observedSince
 		}
 		if st.nextSince.IsZero() {
 			st.nextSince = st.seenSince // publication time unknown
 		}
 	}
+	if st.signing != nil {
+		// When did this process's bundle first hold the signing CA, for
+		// its consumers' sake (keepOldLeaf, RotationStatus.CatchingUp)?
+		// Zero: they had it from the start.
+		switch {
+		case in.last == nil:
+			if in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
+				st.signingSince = now
+			}
+		case in.last.signing != nil && in.last.signing.Cert.Equal(st.signing.Cert):
+			st.signingSince = in.last.signingSince
+		case in.last.next != nil && in.last.next.Cert.Equal(st.signing.Cert):
+			if !in.last.inherited {
+				st.signingSince = in.last.seenSince
+			}
+		default:
+			st.signingSince = now
+		}
+	}
 	if skew != "" {
 		res.skew = &clockSkewError{reason: skew, waiting: waiting}
 		return res, nil
+	}
+	if why := m.handPromoted(st, in.last, now); why != "" {
+		res.unsafe, res.unsafeWhy = true, why
 	}
 	res.restored = m.restore(st, in.last, in.exists, now)
 	acted, err := m.emerg.decide(st, now, in.obs)
@@ -168,9 +201,37 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.unsafe = unsafe
+	if unsafe {
+		res.unsafe, res.unsafeWhy = true, fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it",
+			now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
+	}
 	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0
 	return res, nil
+}
+
+// handPromoted says why st's signing CA signs before any replica could
+// have promoted it: it is the successor this process knew, and its minimum
+// delay from the publication recorded in the Secret has not passed on this
+// clock by more than three skew tolerances (a promoting replica's clock,
+// the publisher's and this one may each be off by one). Only a hand edit
+// does that (tls.crt set to the successor); it is not undone, since a
+// replica that promoted it after this one stopped being live (a pause, a
+// partition) looks the same from here, and undoing it would make the two
+// undo each other. It is counted as an unsafe rotation instead: clients
+// that follow the bundle with a lag up to the delay may not trust it yet.
+// An emergency's successor signs without the delay by design.
+func (m *machine) handPromoted(st, last *caSet, now time.Time) string {
+	if last == nil || last.next == nil || last.signing == nil || st.signing == nil ||
+		!st.signing.Cert.Equal(last.next.Cert) || last.signing.Cert.Equal(st.signing.Cert) ||
+		st.ops.successor == Fingerprint(st.signing.Cert) || last.emergencyActive() || last.nextSince.IsZero() {
+		return ""
+	}
+	allowed := last.nextSince.Add(m.sched.propagation - 3*m.sched.skew)
+	if !now.Before(allowed) || !m.sched.valid(last.signing.Cert, now) {
+		return ""
+	}
+	return fmt.Sprintf("CA %q, published at %s, signs at %s, before its minimum propagation delay (%v) could have passed on any replica: the Secret was edited by hand to promote it",
+		st.signing.Cert.Subject.CommonName, last.nextSince.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), m.sched.propagation)
 }
 
 // phase is where st stands at now; skew and broken are why this replica
@@ -293,8 +354,15 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		if !exists {
 			why = "deleted"
 		}
+		// The signing CA may be missing still: one this replica knew
+		// that is marked compromised, or ends within the tolerance, is not
+		// written back (the simulator found the nil dereference here).
+		signing := ""
+		if st.signing != nil {
+			signing = serial(st.signing.Cert)
+		}
 		klog.Background().Info("CA secret was "+why+"; writing back the CAs this replica knows so clients keep their trust",
-			"provider", m.sched.name, "signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle))
+			"provider", m.sched.name, "signingSerial", signing, "bundleSize", len(st.bundle))
 	}
 	return restored
 }

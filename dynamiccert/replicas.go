@@ -185,6 +185,9 @@ type replicaSet struct {
 	// listed: the peers' Leases were listed once (see listOnce), or
 	// listing them is forbidden and will stay so.
 	listed bool
+	// listForbidden: the list was forbidden, so this process never learnt
+	// whether its pod ran before (see consumersMayLack).
+	listForbidden bool
 	// leafWatched: a change of a replica's announced leaf kicks the issuer
 	// too, while an emergency rotation waits for every replica to serve a
 	// successor leaf (emergency.flush); otherwise it matters to nothing.
@@ -624,7 +627,7 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 		klog.FromContext(ctx).V(2).Info("Listing replica leases failed", "provider", r.report.Provider(), "err", describeLeaseError(err))
 		if apierrors.IsForbidden(err) {
 			r.mu.Lock()
-			r.listed = true
+			r.listed, r.listForbidden = true, true
 			r.mu.Unlock()
 		}
 		return
@@ -678,6 +681,39 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 		},
 	}, cache.HandlerOptions{})
 	informer.RunWithContext(ctx)
+}
+
+// consumersMayLack reports whether the consumers of this replica's bundle
+// (a bundle file in its pod, a sidecar, clients that fetched it) may lack
+// ca although this process found it published when it started. They may
+// when the pod ran before (a Lease with this replica's ID exists: the same
+// pod, its container restarted) and its previous process did not announce
+// ca, or when that cannot be told (the Leases were not listed, or this one
+// cannot be verified): the pod's consumers kept what they had and need the
+// full minimum delay from now. A new pod (no Lease of its own: a rollout, a
+// scale-up, a graceful restart, which deletes its Lease) starts with fresh
+// consumers that read the bundle at start, so it announces ca at once
+// (rotation.delayStart); that is what keeps a Deployment rolled out more
+// often than the delay from stalling every rotation (issue 27), while a
+// container that crash-loops faster than the delay does hold the rotation
+// back, visibly (Stalled), since its pod's consumers never had the
+// successor for long. Call it before this process's first write.
+func (r *replicaSet) consumersMayLack(ca *x509.Certificate) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.listed || r.listForbidden {
+		return true
+	}
+	prev := r.seen[r.leaseName]
+	_, held := r.held[r.leaseName]
+	_, judged := r.judgedVersion[r.leaseName]
+	switch {
+	case prev == nil && !held && !judged:
+		return false // a new pod
+	case prev == nil || r.written != (announcement{}):
+		return true // not believed, or already this process's own
+	}
+	return !slices.Contains(prev.trusted, Fingerprint(ca))
 }
 
 // deleted records that the Lease l was deleted: its replica is still waited

@@ -47,7 +47,16 @@ type caSet struct {
 	// read it (a replica started, or restarted, after the publication), so
 	// seenSince says when the process started, not when next arrived.
 	inherited bool
-	bundle    []*x509.Certificate // oldest first
+	// signingSince is when this process's bundle first held the signing
+	// CA (as successor or signing), on its own clock; zero when this
+	// process started with it (its consumers read the bundle at start).
+	// Not stored. See leafDue.
+	signingSince time.Time
+	// observedSince is when every observer and every live replica last
+	// began to confirm next, on this process's clock; zero while they do
+	// not. Not stored: each process keeps its own (see promotable).
+	observedSince time.Time
+	bundle        []*x509.Certificate // oldest first
 	// legacy is another rotator's serving leaf, served while the signing
 	// CA was adopted without its key (SecretLayout knative): signing.Key
 	// is nil then, and the successor, published at once, replaces both
@@ -138,8 +147,15 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			klog.Background().Info("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
-		if cs.next != nil && r.promotable(cs, now, obs.all) {
-			cs.signing, cs.next, changed = cs.next, nil, true
+		if cs.next != nil {
+			if !obs.all(cs.next.Cert) {
+				cs.observedSince = time.Time{}
+			} else if cs.observedSince.IsZero() {
+				cs.observedSince = now
+			}
+		}
+		if cs.next != nil && r.promotable(cs, now) {
+			cs.signing, cs.signingSince, cs.next, changed = cs.next, cs.seenSince, nil, true
 			klog.Background().Info("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
 	}
@@ -169,9 +185,27 @@ type observation struct {
 }
 
 // promotable reports whether the successor may sign: its minimum delay has
-// passed and every observer confirmed it.
-func (r rotation) promotable(cs *caSet, now time.Time, observed func(*x509.Certificate) bool) bool {
-	return !now.Before(r.signsNoEarlierThan(cs)) && observed(cs.next.Cert)
+// passed, and every observer and live replica has confirmed it for
+// observedSettle (see settledAt).
+func (r rotation) promotable(cs *caSet, now time.Time) bool {
+	return !now.Before(r.signsNoEarlierThan(cs)) && !cs.observedSince.IsZero() && !now.Before(r.settledAt(cs))
+}
+
+// observedSettle is how long the observers must have confirmed a successor
+// before it signs, when they confirm it only after its minimum delay (a
+// caBundle publisher that was down longer than the delay): an observer
+// confirms that its target holds the CA, and the target's own clients (the
+// kube-apiserver's webhook client, which reads the caBundle through its
+// informer) take a moment more to have it. Promoting at once would fail
+// their handshakes in that moment; the simulator found it (issue 28). It
+// is never longer than the propagation delay, so a delay of zero still
+// means at once.
+const observedSettle = 15 * time.Second
+
+// settledAt is when the observers' confirmation of the successor has lasted
+// observedSettle (min the propagation delay).
+func (r rotation) settledAt(cs *caSet) time.Time {
+	return cs.observedSince.Add(min(observedSettle, r.propagation))
 }
 
 // signsNoEarlierThan is when the successor's minimum propagation delay
@@ -260,11 +294,37 @@ func (r rotation) leafDue(leaf *pki.Issued, signedBy []byte, cs *caSet, now time
 		// nextDeadline wakes up then.
 		return false
 	}
+	if leaf != nil && !bytes.Equal(signedBy, cs.signing.Cert.Raw) && r.keepOldLeaf(leaf, signedBy, cs, now) {
+		return false
+	}
 	switch {
 	case leaf == nil, !bytes.Equal(signedBy, cs.signing.Cert.Raw), now.Add(r.skew).Before(leaf.Cert.NotBefore):
 		return true
 	}
 	return !now.Before(leaf.Cert.NotAfter.Add(-r.leafRenewBefore)) && leaf.Cert.NotAfter.Before(cs.signing.Cert.NotAfter)
+}
+
+// keepOldLeaf reports whether this process keeps serving leaf, signed by
+// the CA whose raw certificate is signedBy, although another CA signs now:
+// the signing CA reached this process's bundle less than the propagation
+// delay ago (signingSince: it was paused, or cut off, while the others
+// promoted it without waiting for it), so the consumers of its bundle may
+// not have it yet. The old CA still serves them: it is still in the bundle,
+// valid, not marked compromised, and the leaf is not due on its own. The
+// simulator found it (issue 28).
+func (r rotation) keepOldLeaf(leaf *pki.Issued, signedBy []byte, cs *caSet, now time.Time) bool {
+	if cs.signingSince.IsZero() || !now.Before(cs.signingSince.Add(r.propagation)) {
+		return false
+	}
+	if !now.Before(leaf.Cert.NotAfter.Add(-r.leafRenewBefore)) || now.Before(leaf.Cert.NotBefore) {
+		return false
+	}
+	i := slices.IndexFunc(cs.bundle, func(c *x509.Certificate) bool { return bytes.Equal(c.Raw, signedBy) })
+	if i < 0 || !r.valid(cs.bundle[i], now) {
+		return false
+	}
+	fp := Fingerprint(cs.bundle[i])
+	return fp != cs.ops.compromised && !slices.Contains(cs.ops.dropped, fp)
 }
 
 // nextDeadline is the earliest time after now at which advance or leafDue
@@ -281,12 +341,17 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 		// successor back: they notify, and are polled every check
 		// interval. A deadline in the past would be a busy loop.
 		next = earliest(next, signs)
+	} else if settled := r.settledAt(cs); !cs.observedSince.IsZero() && settled.After(now) {
+		next = earliest(next, settled)
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
 	}
 	if cs.signing.Cert.NotBefore.After(now) {
 		next = earliest(next, cs.signing.Cert.NotBefore) // see leafDue
+	}
+	if kept := cs.signingSince.Add(r.propagation); !cs.signingSince.IsZero() && kept.After(now) {
+		next = earliest(next, kept) // see keepOldLeaf
 	}
 	return next
 }

@@ -1,6 +1,7 @@
 package dynamiccert
 
 import (
+	"bytes"
 	"crypto/x509"
 	"fmt"
 	"net/http"
@@ -37,6 +38,23 @@ type RotationStatus struct {
 	// outage, an RBAC change, a rotated token), and failing readiness on it
 	// would empty the Service of every replica at once.
 	Stalled bool
+	// LeafExpired is true while the leaf this process serves has expired on
+	// its clock and no new one is issued yet: after a pause longer than
+	// the leaf's renew-before (a frozen VM, SIGSTOP), an Authority replica
+	// first waits for the other replicas' next Lease renewals to tell
+	// whether its clock agrees (up to a third of the lease duration)
+	// before it signs again, and serves the expired leaf meanwhile.
+	// RotationCheck fails while it lasts, so no client is sent to it.
+	LeafExpired bool
+	// CatchingUp is true while this replica serves a leaf of a signing CA
+	// that reached its bundle less than the propagation delay ago, with no
+	// leaf of the previous CA left to serve: it was paused, or cut off,
+	// longer than its Lease while the other replicas promoted the CA
+	// without it. The consumers of its bundle (a bundle file, clients that
+	// fetched it) may not trust the CA yet, so RotationCheck fails until
+	// the delay has passed on its clock; the other replicas, which
+	// promoted it, serve meanwhile. Not in an emergency.
+	CatchingUp bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
 	UnsafeRotations int
@@ -115,6 +133,11 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 		s.Successor = succ
 	}
 	s.Emergency = i.emerg.status(st)
+	i.mu.RLock()
+	fromSigning := i.leaf != nil && bytes.Equal(i.leafCA, st.signing.Cert.Raw)
+	i.mu.RUnlock()
+	s.CatchingUp = fromSigning && !st.signingSince.IsZero() &&
+		now.Before(st.signingSince.Add(i.sched.propagation)) && st.ops.successor != Fingerprint(st.signing.Cert)
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
@@ -138,8 +161,10 @@ func (i *issuer) currentStatus() RotationStatus {
 	}
 	i.mu.RUnlock()
 	s.LastError = i.report.lastError()
+	now := i.cfg.clock.Now()
 	i.mu.RLock()
 	s.ClockSkew = i.skew
+	s.LeafExpired = i.leaf != nil && !now.Before(i.leaf.Cert.NotAfter)
 	i.mu.RUnlock()
 	switch {
 	case s.ClockSkew != "":
@@ -159,9 +184,9 @@ type RotationReporter interface {
 // RotationCheck returns a health check named "ca-rotation:<provider name>"
 // that fails while the rotation is stalled (the signing CA is about to
 // expire and no successor signs yet), naming the pending observers or the
-// error that keeps a successor from being published, and while an
+// error that keeps a successor from being published, while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
-// the skew. A stale read of the CA Secret and a broken Secret are reported
+// the skew, and while the leaf served has expired (LeafExpired). A stale read of the CA Secret and a broken Secret are reported
 // in Status (LastError, Broken), Events and metrics, not here: both hit
 // every replica alike, and failing readiness on them would empty the
 // Service while each replica still serves a valid leaf. It
@@ -173,6 +198,10 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 		switch {
 		case s.ClockSkew != "":
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
+		case s.CatchingUp:
+			return fmt.Errorf("CA %s reached this replica's bundle less than the propagation delay ago (it was paused or cut off while the other replicas promoted it); its consumers may not trust it yet", s.Signing.Serial)
+		case s.LeafExpired:
+			return fmt.Errorf("the serving certificate has expired and no new one is issued yet (after a pause, the replica waits for the other replicas' Lease renewals before it signs): %v", s.LastError)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:

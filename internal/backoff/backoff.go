@@ -36,6 +36,9 @@ const (
 type Backoff struct {
 	initial, cap time.Duration
 	cur          wait.Backoff
+	// jitter, when set, draws the jitter instead of math/rand (see
+	// SetJitterSource).
+	jitter func() float64
 }
 
 // New returns a Backoff whose first delay is initial (DefaultInitial if not
@@ -59,18 +62,33 @@ func New(initial, cap time.Duration) *Backoff {
 // least that long, even beyond the cap: the server asked for it.
 func (b *Backoff) Next(err error) time.Duration {
 	d := b.cur.Step()
+	if b.jitter != nil {
+		d += time.Duration(Jitter * b.jitter() * float64(d))
+	}
 	if seconds, ok := apierrors.SuggestsClientDelay(err); ok && seconds > 0 {
 		d = max(d, time.Duration(seconds)*time.Second)
 	}
 	return d
 }
 
+// SetJitterSource makes the jitter come from f (values in [0, 1)) instead
+// of math/rand's global source, so that a seeded simulation retries at the
+// same instants on every run. The delays keep their distribution.
+func (b *Backoff) SetJitterSource(f func() float64) {
+	b.jitter = f
+	b.Reset()
+}
+
 // Reset starts the sequence over; call it after a success.
 func (b *Backoff) Reset() {
+	jitter := Jitter
+	if b.jitter != nil {
+		jitter = 0 // drawn in Next
+	}
 	b.cur = wait.Backoff{
 		Duration: b.initial,
 		Factor:   2,
-		Jitter:   Jitter,
+		Jitter:   jitter,
 		// Steps only limits how often the delay grows; Cap stops it.
 		Steps: int(^uint(0) >> 1),
 		Cap:   b.cap,
