@@ -68,6 +68,8 @@ test-alerts: deps
 ## AdmissionReviews through leaf and CA rotations. test/controllerruntime is
 ## its own module, so the library takes no controller-runtime dependency.
 ## Fails if the test did not run.
+## -race stays: the providers rotate inside the test process, beside the
+## webhook.Server that reads them.
 test-controller-runtime:
 	@mkdir -p $(CURDIR)/tmp
 	cd test/controllerruntime && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/controller-runtime.log 2>&1 || { cat $(CURDIR)/tmp/controller-runtime.log; exit 1; }
@@ -77,6 +79,8 @@ test-controller-runtime:
 ## leaf, CA and client-CA rotations under live calls, mTLS required
 ## throughout. test/grpc is its own module, so the library takes no gRPC
 ## dependency. Fails if the test did not run.
+## -race stays: the providers rotate inside the test process, beside the
+## grpc-go server and client that read them.
 test-grpc:
 	@mkdir -p $(CURDIR)/tmp
 	cd test/grpc && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/grpc.log 2>&1 || { cat $(CURDIR)/tmp/grpc.log; exit 1; }
@@ -89,6 +93,8 @@ test-grpc:
 ## token, a token that goes away and comes back, two processes on one token,
 ## and one Authority against a real kube-apiserver. Its own module
 ## (cgo), so the library stays pure Go. Fails if any named test did not pass.
+## -race stays: the Authorities and the key source run in the test process
+## (pkcs11 is its own module: make test-unit does not cover it).
 HSM_TESTS := TestAuthorityCAKeyInSoftHSM TestAuthorityCAKeySourceUnavailable TestAuthorityCAKeyRemovedFromToken TestAuthorityHSMStopsAnswering TestAuthorityWithoutCAKeysRefusesKeyRef TestAuthorityMovesPEMKeyIntoSoftHSM TestKeySourceMakesAndFindsKeys TestAuthorityCAKeyInSoftHSMOnRealAPIServer TestREADMEHSMRecipeIsCompiled TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM TestAuthorityRecoversWhenTokenComesBack TestKeySourceReopenKeepsSignersWorking TestKeySourceFindsKeyMadeByAnotherProcess
 test-hsm: deps kube-bin
 	@mkdir -p $(CURDIR)/tmp
@@ -101,6 +107,8 @@ test-hsm: deps kube-bin
 ## through leaf and CA rotations, the ready gate, bad input, the README
 ## recipes. Its own module, so the library takes no controller-runtime
 ## dependency. Fails if any named test did not pass.
+## -race stays: Add and the manager it wires run in the test process
+## (its own module: make test-unit does not cover it).
 CONTROLLERRUNTIME_LIB_TESTS := TestAddWebhookThroughRotationsOnNonLeader TestAddRefusesBadConfig TestAddSourceWithoutTargets TestAddAfterStartIsRefused TestREADMERecipesAreCompiled TestChecksFollowTheServedCertificate TestFailedAddLeavesTheSourceAlone TestSecondAddIsRefused TestAddServesMetricsOnTheManagersEndpoint
 test-controllerruntime-lib: kube-bin
 	@mkdir -p $(CURDIR)/tmp
@@ -115,10 +123,16 @@ test-controllerruntime-lib: kube-bin
 ## of the Deployments taken by the binary; each image built (make image's
 ## builder), unpacked and run, serving TLS and /readyz 200, the webhook,
 ## signer and apiserver as their ServiceAccount. Fails if a test did not run.
-DEPLOY_TESTS := TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe
+## Without -race: the evercert code under test runs in the example binaries,
+## child processes built with CGO_ENABLED=0 (never race-instrumented); the
+## test process holds only the harness (kustomize, client-go,
+## go-containerregistry, internal/pki, proctest, testcluster), and -race made
+## it gzip each image's layer several times slower. -parallel 4: the four
+## examples of TestImagesServe wait on their child processes side by side.
+DEPLOY_TESTS := TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	cd test/deploy && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 30m ./... > $(CURDIR)/tmp/deploy.log 2>&1 || { cat $(CURDIR)/tmp/deploy.log; exit 1; }
+	cd test/deploy && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./... > $(CURDIR)/tmp/deploy.log 2>&1 || { cat $(CURDIR)/tmp/deploy.log; exit 1; }
 	@for t in $(DEPLOY_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/deploy.log || { echo "test-deploy: $$t did not run"; cat $(CURDIR)/tmp/deploy.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/deploy.log
 
@@ -137,6 +151,7 @@ image:
 ## (failurePolicy Fail); 0 failed calls across the switch and the first
 ## observed CA rotation. test/migrate is its own module, so the library takes
 ## none of the tools' dependencies. Fails if a test did not run.
+## -race stays: the adopting Authority replicas run in the test process.
 MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative
 test-migrate: kube-bin
 	@mkdir -p $(CURDIR)/tmp
@@ -153,11 +168,14 @@ test-migrate: kube-bin
 ## README's lines-of-code table checked against the code; the
 ## cert-controller version of the operator compiled. Fails if a test did not
 ## run.
+## Without -race: the operator replicas are child processes (proctest.Build,
+## never race-instrumented); the test process holds only the harness (the
+## round-robin proxy, client-go, testcluster), which -race only slowed.
 OPERATOR_TESTS := TestE2EOperatorReplicas TestE2EOperatorSteadyState TestREADMELinesOfCode
 test-operator-e2e: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime/example/certcontroller && $(GO) build -o /dev/null .
-	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
+	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
 	@for t in $(OPERATOR_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
 	@grep -E '^--- |lines of certificate wiring|API requests of|CA rotations in|SIGKILLed|restarted and ready' $(CURDIR)/tmp/operator-e2e.log
 
@@ -167,6 +185,8 @@ test-operator-e2e: kube-bin
 ## JSON), rotate and rotate --compromised (the annotations, --wait, usage
 ## errors), check against a TLS server on 127.0.0.1 (exit 0 and 3). Fails if
 ## any named test did not pass.
+## -race stays: the two Authority replicas run in the test process (the
+## CLI is a child process).
 CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark
 test-cli: kube-bin
 	@mkdir -p $(CURDIR)/tmp

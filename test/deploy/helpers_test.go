@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -165,12 +166,15 @@ func createNamespaces(ctx context.Context, t testing.TB, cs kubernetes.Interface
 
 var rbacKinds = map[string]bool{"ServiceAccount": true, "Role": true, "RoleBinding": true, "ClusterRole": true, "ClusterRoleBinding": true}
 
-// images builds each example's image once per test process (about a
-// minute each on a loaded machine), and unpacks it.
-var (
-	imagesMu sync.Mutex
-	images   = map[string]*unpacked{}
-)
+// images are the examples' images, built once per test process (one go
+// build for all of them, image.BuildAll, as make image runs it) in the
+// background, so that a test can start a kube-apiserver meanwhile.
+var images struct {
+	once   sync.Once
+	done   chan struct{} // closed when byName or err is set
+	byName map[string]*unpacked
+	err    error
+}
 
 // unpacked is an image written as an OCI layout and unpacked into root.
 type unpacked struct {
@@ -180,45 +184,67 @@ type unpacked struct {
 	user       string
 }
 
-// exampleImage builds the image of the example named name with package
-// image (what make image runs), writes it as an OCI layout, reads it back
-// from there and unpacks its layers into a root directory.
+// startImages starts building the images of every example if no test of
+// this process has yet; exampleImage waits for them.
+func startImages(t testing.TB) {
+	t.Helper()
+	dir, root := filepath.Join(proctest.Dir(t), "images"), repoRoot(t)
+	images.once.Do(func() {
+		images.done = make(chan struct{})
+		go func() {
+			defer close(images.done)
+			images.byName, images.err = buildImages(dir, root)
+		}()
+	})
+}
+
+// buildImages builds every example's image with package image (what make
+// image runs), writes each as an OCI layout under dir/<name>, reads it back
+// from there and unpacks its layers into a root directory beside it.
+func buildImages(dir, repoRoot string) (map[string]*unpacked, error) {
+	imgs, err := image.BuildAll(context.Background(), image.Examples, image.Options{RepoRoot: repoRoot})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*unpacked, len(imgs))
+	for i, e := range image.Examples {
+		layoutDir, root := filepath.Join(dir, e.Name, "layout"), filepath.Join(dir, e.Name, "root")
+		if err := image.WriteLayout(layoutDir, imgs[i], "test"); err != nil {
+			return nil, err
+		}
+		read, err := image.ReadLayout(layoutDir)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return nil, err
+		}
+		cfg, err := image.Unpack(read, root)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", e.Name, err)
+		}
+		u := &unpacked{layout: layoutDir, root: root, entrypoint: cfg.Config.Entrypoint, user: cfg.Config.User}
+		if len(u.entrypoint) == 0 || !strings.HasPrefix(u.entrypoint[0], "/") {
+			return nil, fmt.Errorf("image %s: entrypoint %q is not an absolute path", e.Name, u.entrypoint)
+		}
+		out[e.Name] = u
+	}
+	return out, nil
+}
+
+// exampleImage returns the unpacked image of the example named name,
+// building the images first if no test has started that.
 func exampleImage(t testing.TB, name string) *unpacked {
 	t.Helper()
-	imagesMu.Lock()
-	defer imagesMu.Unlock()
-	if u, ok := images[name]; ok {
-		return u
+	startImages(t)
+	<-images.done
+	if images.err != nil {
+		t.Fatal(images.err)
 	}
-	e, ok := image.Lookup(name)
+	u, ok := images.byName[name]
 	if !ok {
 		t.Fatalf("no example %q", name)
 	}
-	dir := filepath.Join(proctest.Dir(t), "images", name)
-	img, err := image.Build(context.Background(), e, image.Options{RepoRoot: repoRoot(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := image.WriteLayout(filepath.Join(dir, "layout"), img, "test"); err != nil {
-		t.Fatal(err)
-	}
-	read, err := image.ReadLayout(filepath.Join(dir, "layout"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(dir, "root")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := image.Unpack(read, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &unpacked{layout: filepath.Join(dir, "layout"), root: root, entrypoint: cfg.Config.Entrypoint, user: cfg.Config.User}
-	if len(u.entrypoint) == 0 || !strings.HasPrefix(u.entrypoint[0], "/") {
-		t.Fatalf("image %s: entrypoint %q is not an absolute path", name, u.entrypoint)
-	}
-	images[name] = u
 	return u
 }
 

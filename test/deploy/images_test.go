@@ -20,11 +20,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/proctest"
 	"github.com/evercert/evercert/internal/testcluster"
@@ -53,20 +53,27 @@ const readyTimeout = 3 * time.Minute
 //     nothing more: the webhook and the signer filled the pre-created CA
 //     Secret (no create on secrets) and published the CA bundle, the
 //     apiserver registered its APIService.
+//
+// The images build (one go build) while the kube-apiserver starts, and the
+// examples run side by side: each has its own namespace, ServiceAccount and
+// objects, and most of each subtest is waiting on a child process.
 func TestImagesServe(t *testing.T) {
+	startImages(t)
+	c := testcluster.Start(t)
+	cfg := c.Config()
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	a := newApplier(t, cfg)
+
 	t.Run("server", func(t *testing.T) {
+		t.Parallel()
 		u := checkImage(t, "server")
 		caFile := filepath.Join(t.TempDir(), "ca.crt")
 		_, addr := proctest.Start(t, u.bin(), servingLine, "--bind-address=127.0.0.1", "--secure-port=0", "--ca-bundle-file="+caFile)
 		waitReady(t, addr, "127.0.0.1", func() ([]byte, error) { return os.ReadFile(caFile) })
 	})
-
-	c := testcluster.Start(t)
-	cfg := c.Config()
-	cs := kubernetes.NewForConfigOrDie(cfg)
-	a := newApplier(t, cfg)
 	for _, b := range bases {
 		t.Run(b.dir, func(t *testing.T) {
+			t.Parallel()
 			u := checkImage(t, b.dir)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -172,11 +179,13 @@ func checkImage(t *testing.T, name string) *unpacked {
 
 // waitReady polls https://addr/readyz until it answers 200, each time over
 // a fresh TLS connection verified against the bundle bundle returns (which
-// may not exist yet) for serverName.
+// may not exist yet) for serverName. The polls back off from 50 ms to 1 s:
+// a program that is ready within moments is seen so, and a slow one is not
+// hammered.
 func waitReady(t *testing.T, addr, serverName string, bundle func() ([]byte, error)) {
 	t.Helper()
 	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, readyTimeout, true, func(ctx context.Context) (bool, error) {
+	poll := func() (bool, error) {
 		pem, err := bundle()
 		if err != nil || len(pem) == 0 {
 			last = fmt.Sprintf("no CA bundle yet: %v", err)
@@ -207,9 +216,23 @@ func waitReady(t *testing.T, addr, serverName string, bundle func() ([]byte, err
 		}
 		t.Logf("https://%s/readyz: 200 over %s, leaf %q verified for %s", addr, tls.VersionName(resp.TLS.Version), resp.TLS.PeerCertificates[0].Subject.CommonName, serverName)
 		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("https://%s/readyz never answered 200 (%v); last: %s", addr, err, last)
+	}
+	deadline := time.NewTimer(readyTimeout)
+	defer deadline.Stop()
+	b := backoff.New(50*time.Millisecond, time.Second)
+	for {
+		ok, err := poll()
+		if err != nil {
+			t.Fatalf("https://%s/readyz: %v", addr, err)
+		}
+		if ok {
+			return
+		}
+		select {
+		case <-deadline.C:
+			t.Fatalf("https://%s/readyz never answered 200 within %s; last: %s", addr, readyTimeout, last)
+		case <-time.After(b.Next(nil)):
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/testcluster"
 )
 
@@ -210,7 +211,7 @@ func TestServiceAccountPermissions(t *testing.T) {
 			allowed := 0
 			for _, u := range used[b.dir] {
 				for _, r := range u.requests {
-					if ok, reason := access(ctx, t, cs, user, groups, r); !ok {
+					if ok, reason := allowedSoon(ctx, t, cs, user, groups, r); !ok {
 						t.Errorf("%s: %s is denied (%s), but %s makes it", user, r, reason, u.code)
 					}
 					allowed++
@@ -223,6 +224,31 @@ func TestServiceAccountPermissions(t *testing.T) {
 			}
 			t.Logf("%s: %d requests allowed, %d near misses denied", user, allowed, len(denied[b.dir]))
 		})
+	}
+}
+
+// rbacPropagation bounds how long allowedSoon waits for the API server's
+// RBAC authorizer to see the objects just applied: a hang guard, not a
+// timed assertion.
+const rbacPropagation = 30 * time.Second
+
+// allowedSoon asks whether r is allowed until it is, for at most
+// rbacPropagation, backing off between asks. The RBAC authorizer reads
+// Roles and bindings from informer caches, which may not yet hold a Role
+// applied a moment ago (a loaded machine saw "role ... not found" for the
+// webhook's events Role); a denial that outlasts the wait is real. The
+// near misses are asked after every allowed request, so the caches then
+// hold the base's RBAC, and a denial of them is not a lagging cache.
+func allowedSoon(ctx context.Context, t *testing.T, cs kubernetes.Interface, user string, groups []string, r request) (bool, string) {
+	t.Helper()
+	deadline := time.Now().Add(rbacPropagation)
+	b := backoff.New(50*time.Millisecond, time.Second)
+	for {
+		ok, reason := access(ctx, t, cs, user, groups, r)
+		if ok || time.Now().After(deadline) {
+			return ok, reason
+		}
+		time.Sleep(b.Next(nil))
 	}
 }
 

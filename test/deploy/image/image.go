@@ -78,8 +78,23 @@ type Options struct {
 // layer holding BinDir/<name>, Entrypoint that binary, User 65532, OCI media
 // types, no creation time (the same source gives the same image).
 func Build(ctx context.Context, e Example, o Options) (v1.Image, error) {
+	imgs, err := BuildAll(ctx, []Example{e}, o)
+	if err != nil {
+		return nil, err
+	}
+	return imgs[0], nil
+}
+
+// BuildAll builds the image of each of es, as Build does, and returns them
+// in the order of es. One go build compiles them all: the go command
+// compiles the packages the examples share once and links the binaries in
+// parallel, where a go build per example linked them one after the other.
+func BuildAll(ctx context.Context, es []Example, o Options) ([]v1.Image, error) {
 	if o.RepoRoot == "" {
-		return nil, fmt.Errorf("image %s: RepoRoot is required", e.Name)
+		return nil, fmt.Errorf("images: RepoRoot is required")
+	}
+	if len(es) == 0 {
+		return nil, nil
 	}
 	goarch := o.GOARCH
 	if goarch == "" {
@@ -90,24 +105,51 @@ func Build(ctx context.Context, e Example, o Options) (v1.Image, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	bin := filepath.Join(tmp, e.Name)
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, e.Package)
+	// go build -o <directory>/ names each binary after the last element of
+	// its package path, so two examples must not share that element.
+	bins := make([]string, len(es))
+	pkgs := make([]string, len(es))
+	byBin := map[string]Example{}
+	for i, e := range es {
+		b := path.Base(e.Package)
+		if other, ok := byBin[b]; ok {
+			return nil, fmt.Errorf("images %s and %s: packages %s and %s build binaries of the same name %q", other.Name, e.Name, other.Package, e.Package, b)
+		}
+		byBin[b] = e
+		bins[i], pkgs[i] = filepath.Join(tmp, b), e.Package
+	}
+	args := append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", tmp + string(filepath.Separator)}, pkgs...)
+	build := exec.CommandContext(ctx, "go", args...)
 	build.Dir = o.RepoRoot
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("image %s: go build %s: %w\n%s", e.Name, e.Package, err, out)
+		return nil, fmt.Errorf("images: go build %s: %w\n%s", strings.Join(pkgs, " "), err, out)
 	}
+	imgs := make([]v1.Image, len(es))
+	for i, e := range es {
+		if imgs[i], err = imageOf(e, bins[i], goarch); err != nil {
+			return nil, err
+		}
+	}
+	return imgs, nil
+}
+
+// imageOf returns the image of e holding the binary at bin, built for
+// linux/goarch.
+func imageOf(e Example, bin, goarch string) (v1.Image, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("image %s: %w", e.Name, err)
 	}
 	layerTar, err := singleFileTar(path.Join(BinDir, e.Name), data)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", e.Name, err)
 	}
+	// The layer is gzipped once and the result kept: without the cache the
+	// digest, the layout and a push each compress the whole binary again.
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	}, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: layer: %w", e.Name, err)
 	}

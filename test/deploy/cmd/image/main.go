@@ -56,12 +56,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	for _, e := range examples {
-		img, err := image.Build(ctx, e, image.Options{RepoRoot: *repoRoot, GOARCH: *goarch})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+	imgs, err := image.BuildAll(ctx, examples, image.Options{RepoRoot: *repoRoot, GOARCH: *goarch})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for i, e := range examples {
+		img := imgs[i]
 		dir := filepath.Join(*out, e.Name)
 		if err := image.WriteLayout(dir, img, *tag); err != nil {
 			fmt.Fprintln(os.Stderr, err)
