@@ -58,6 +58,15 @@ type RotationStatus struct {
 	// still serves a valid leaf. Stalled (and readiness) follow the
 	// schedule: they turn on once the signing CA nears its end.
 	Broken string
+	// LeaseForbidden, for an Authority replica, says that RBAC forbids
+	// writing its own replica Lease, naming the Lease and the verb (create,
+	// update, get on leases.coordination.k8s.io); empty once a write
+	// succeeds. The other replicas cannot see its announcements and do not
+	// wait for it, so a successor CA may sign before this replica's
+	// clients trust it: RotationCheck fails while it is set, and
+	// evercert_replica_lease_writes_forbidden_total counts every denied
+	// attempt.
+	LeaseForbidden string
 	// Emergency, for an Authority whose CA Secret marks a CA compromised
 	// (CompromisedCAAnnotation), is where the emergency rotation stands;
 	// nil when none is marked. Its String is a one-line summary.
@@ -137,6 +146,9 @@ func (i *issuer) currentStatus() RotationStatus {
 	i.mu.RLock()
 	s.ClockSkew = i.skew
 	i.mu.RUnlock()
+	if i.replicas != nil {
+		s.LeaseForbidden = i.replicas.forbiddenLease()
+	}
 	return s
 }
 
@@ -151,7 +163,9 @@ type RotationReporter interface {
 // expire and no successor signs yet), naming the pending observers or the
 // error that keeps a successor from being published, and while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
-// the skew. A stale read of the CA Secret and a broken Secret are reported
+// the skew, and while RBAC forbids an Authority replica to write its own
+// Lease (RotationStatus.LeaseForbidden): its peers do not wait for it, so
+// its clients are at risk at the next rotation. A stale read of the CA Secret and a broken Secret are reported
 // in Status (LastError, Broken), Events and metrics, not here: both hit
 // every replica alike, and failing readiness on them would empty the
 // Service while each replica still serves a valid leaf. It
@@ -163,6 +177,8 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 		switch {
 		case s.ClockSkew != "":
 			return fmt.Errorf("clock skew: %s", s.ClockSkew)
+		case s.LeaseForbidden != "":
+			return fmt.Errorf("replica lease: %s", s.LeaseForbidden)
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:
