@@ -167,7 +167,7 @@ test-operator-e2e: kube-bin
 ## JSON), rotate and rotate --compromised (the annotations, --wait, usage
 ## errors), check against a TLS server on 127.0.0.1 (exit 0 and 3). Fails if
 ## any named test did not pass.
-CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark
+CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark TestCLIRotateWaitSaysWhatItWaitsFor
 test-cli: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 10m -run '^TestCLI' ./cmd/evercert/ > $(CURDIR)/tmp/cli.log 2>&1 || { cat $(CURDIR)/tmp/cli.log; exit 1; }
