@@ -118,6 +118,9 @@ type seenLease struct {
 	// clocksAhead are the replica IDs its announcement says are ahead of
 	// its own clock (AuthorityClocksAheadAnnotation).
 	clocksAhead []string
+	// bundleHash is the SHA-256 (hex) of the ca.crt bundle the replica
+	// announced it loaded (AuthorityBundleHashAnnotation).
+	bundleHash string
 }
 
 // replicaSet announces this replica in a Lease and watches the Leases of
@@ -798,7 +801,7 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	delete(r.judgedVersion, l.Name)
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: seenAt, duration: duration,
-		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil}
+		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[AuthorityBundleHashAnnotation]}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s
 	// What the issuer decides on changed: what the replica trusts, or how
