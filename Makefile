@@ -187,7 +187,7 @@ test-operator-e2e: kube-bin
 ## any named test did not pass.
 ## -race stays: the two Authority replicas run in the test process (the
 ## CLI is a child process).
-CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark
+CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark TestCLIRotateWaitSaysWhatItWaitsFor
 test-cli: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 10m -run '^TestCLI' ./cmd/evercert/ > $(CURDIR)/tmp/cli.log 2>&1 || { cat $(CURDIR)/tmp/cli.log; exit 1; }

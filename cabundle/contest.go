@@ -300,6 +300,15 @@ func (p *Publisher) detectRevert(t *targetState, old, cur objectView) {
 	if len(to) == 0 {
 		return
 	}
+	if p.byOwnReplica(to, bundle) {
+		// A replica of our Authority, a step ahead or behind: it announces
+		// that bundle in its Lease. Counting it made one Authority's
+		// replicas contest each other whenever one read the CA Secret
+		// later than the grace (issue 27).
+		p.logger.V(2).Info("caBundle changed by another replica of our Authority; not another writer",
+			"kind", t.Kind, "name", cur.name)
+		return
+	}
 	if p.byReplicaAhead(cur, to, bundle) {
 		// Replicas see a rotation step at slightly different times; this
 		// is one ahead of us, not another writer (publish waits for our
@@ -359,6 +368,50 @@ func changesAway(old, cur []slot, bundle []byte) [][]byte {
 // for the grace.
 func (p *Publisher) byReplicaAhead(v objectView, values [][]byte, bundle []byte) bool {
 	return lastWriterIsOurs(v, p.fieldManager) && aheadInRotation(values, bundle) && !p.breaksServed(values, bundle)
+}
+
+// replicaBundles is implemented by a Source whose replicas announce the
+// bundles they hold (dynamiccert.Authority, through its Leases):
+// AnnouncesCABundle reports whether a live replica announces bundle, byte
+// for byte.
+type replicaBundles interface {
+	AnnouncesCABundle(bundle []byte) bool
+}
+
+// byOwnReplica reports whether values, what the object's fields hold
+// instead of bundle, were written by replicas of our own source: each is
+// the bundle a live replica announces (replicaBundles), whatever field
+// manager wrote it, and none fails to verify a chain served now that bundle
+// verifies. Such a value is a step of the same CA rotation that one replica
+// saw before another (the source keeps a successor from signing until
+// every live replica holds it), not another writer's. A value no live
+// replica announces is judged as before (byReplicaAhead, contested
+// tracking).
+func (p *Publisher) byOwnReplica(values [][]byte, bundle []byte) bool {
+	rb, ok := p.source.(replicaBundles)
+	if !ok || len(values) == 0 {
+		return false
+	}
+	for _, v := range values {
+		if !rb.AnnouncesCABundle(v) {
+			return false
+		}
+	}
+	return !p.breaksServed(values, bundle)
+}
+
+// aheadOfAll reports whether bundle is a later step of the CA rotation
+// than each of values (aheadInRotation): a publisher whose bundle is ahead
+// writes it over another replica's, which then leaves it alone
+// (byOwnReplica), so that the rotation moves at the pace of the replica
+// ahead.
+func aheadOfAll(bundle []byte, values [][]byte) bool {
+	for _, v := range values {
+		if !aheadInRotation([][]byte{bundle}, v) {
+			return false
+		}
+	}
+	return len(values) > 0
 }
 
 // breaksServed reports whether one of values fails to verify a chain that a

@@ -117,6 +117,19 @@
 // publisher's own field manager. Another field manager is never excused,
 // nor is a bundle of unrelated CAs.
 //
+// Replicas of one [dynamiccert.Authority] know each other's bundles: each
+// announces the SHA-256 of the bundle it holds in its signed Lease
+// ([dynamiccert.Authority.AnnouncesCABundle]). A value that a live replica
+// of the source announces, whichever field manager wrote it and whether it
+// is a step ahead of or behind this publisher's, is never counted as
+// another writer's (unless it fails to verify a chain served now that the
+// publisher's bundle verifies); the publisher writes over it only with a
+// later step of the rotation, and otherwise leaves it for the replica that
+// wrote it to replace when its source moves on (counted with result
+// "own_replica", looked at again every 10 seconds). So one Authority's
+// replicas never contest each other, however late one of them reads the
+// CA Secret, while any other writer still does.
+//
 // # Server-side apply and force
 //
 // With [PublisherConfig.UseServerSideApply] the publisher never takes a caBundle over

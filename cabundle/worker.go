@@ -28,6 +28,11 @@ const (
 	// resultReplicaAhead: the write was held back because another replica
 	// of this publisher, a step ahead in the same CA rotation, wrote last.
 	resultReplicaAhead = "replica_ahead"
+	// resultOwnReplica: the write was held back because the object holds
+	// the bundle a live replica of the same Authority announces (see
+	// replicaBundles): a step ahead or behind in the CA rotation, never a
+	// contest.
+	resultOwnReplica = "own_replica"
 )
 
 // sourceKey is the key, in Publisher.logs, of the wait for the source to
@@ -184,6 +189,18 @@ func (p *Publisher) publish(ctx context.Context, t *targetState, v objectView, b
 		return true, p.settle(t, v), nil
 	}
 
+	if p.byOwnReplica(stale, bundle) && !aheadOfAll(bundle, stale) {
+		// Another replica of our Authority wrote its bundle, and ours is
+		// no later step of the rotation: it writes its next one when its
+		// source moves on (or a replica ahead does). Writing ours would
+		// undo it, and it ours, for as long as their sources differ.
+		// Looked at again after replicaGrace: a replica that is gone stops
+		// announcing.
+		p.contests.replicaCaughtUp(key)
+		logger.V(2).Info("caBundle holds the bundle another live replica of our Authority announces, leaving it", "lookAgainIn", replicaGrace)
+		certmetrics.CABundlePublished(string(kind), resultOwnReplica)
+		return false, replicaGrace, nil
+	}
 	if !p.byReplicaAhead(v, stale, bundle) {
 		p.contests.replicaCaughtUp(key)
 	} else if wait := p.contests.waitForReplica(key); wait > 0 {

@@ -29,6 +29,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 )
 
@@ -117,6 +118,9 @@ type seenLease struct {
 	// clocksAhead are the replica IDs its announcement says are ahead of
 	// its own clock (AuthorityClocksAheadAnnotation).
 	clocksAhead []string
+	// bundleHash is the SHA-256 (hex) of the ca.crt bundle the replica
+	// announced it loaded (AuthorityBundleHashAnnotation).
+	bundleHash string
 }
 
 // replicaSet announces this replica in a Lease and watches the Leases of
@@ -182,6 +186,11 @@ type replicaSet struct {
 	awakeUntil time.Time
 	// collectForbidden stops collect after RBAC forbade a delete.
 	collectForbidden bool
+	// forbidden says which request on this replica's own Lease RBAC
+	// forbade last (see leaseFailed); "" once a write succeeds. The other
+	// replicas cannot wait for a replica whose announcements they never
+	// see, so it is reported in Status and fails readiness.
+	forbidden string
 	// listed: the peers' Leases were listed once (see listOnce), or
 	// listing them is forbidden and will stay so.
 	listed bool
@@ -447,6 +456,7 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	if !renew.After(renewedAt) && renewedAt.Sub(renew) < time.Millisecond {
 		renew = renewedAt.Add(time.Microsecond)
 	}
+	verb := leaseWriteVerb(base)
 	lease, err := r.write(ctx, base, want, key, renew)
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
 		// The Lease changed underneath (another writer, a delete, a write
@@ -460,6 +470,7 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 		case apierrors.IsNotFound(getErr):
 			base = nil
 		default:
+			r.leaseFailed("get", getErr)
 			return 0, fmt.Errorf("reading replica lease %s/%s: %w", r.namespace, r.leaseName, describeLeaseError(getErr))
 		}
 		r.mu.Lock()
@@ -470,10 +481,12 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 			// next attempt, after the backoff, writes on what was read, so
 			// an attempt costs two requests as it always did (a GET and a
 			// write), never three.
+			verb = leaseWriteVerb(base)
 			lease, err = r.write(ctx, base, want, key, renew)
 		}
 	}
 	if err != nil {
+		r.leaseFailed(verb, err)
 		// own stays: after an outage the next renewal is still one Update
 		// (a write that was committed although it failed here conflicts,
 		// and is read back).
@@ -482,8 +495,45 @@ func (r *replicaSet) writeIfDue(ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
 	r.written, r.wroteAt, r.own, r.renewedAt = want, now, lease, renew
 	r.ownKey = key
+	r.forbidden = ""
 	r.mu.Unlock()
 	return renewEvery, nil
+}
+
+// leaseWriteVerb is the verb a write of this replica's Lease on base uses
+// (see write).
+func leaseWriteVerb(base *coordinationv1.Lease) string {
+	if base == nil {
+		return "create"
+	}
+	return "update"
+}
+
+// leaseFailed records a failed request (verb) on this replica's own Lease.
+// One that RBAC forbade is counted, every attempt (they back off), and
+// kept for Status and readiness (see forbiddenLease) until a write
+// succeeds. Any other error (an outage, a timeout) leaves what is known
+// alone: it says nothing of whether RBAC still forbids the writes, and it
+// hits every replica alike, which readiness must not turn into an empty
+// Service.
+func (r *replicaSet) leaseFailed(verb string, err error) {
+	if !apierrors.IsForbidden(err) {
+		return
+	}
+	certmetrics.ReplicaLeaseWriteForbidden(r.provider, verb)
+	reason := fmt.Sprintf("RBAC forbids %s on this replica's Lease %s/%s (leases.coordination.k8s.io): the other replicas cannot see its announcements and do not wait for it before a successor CA signs", verb, r.namespace, r.leaseName)
+	r.mu.Lock()
+	r.forbidden = reason
+	r.mu.Unlock()
+}
+
+// forbiddenLease says which request on this replica's own Lease RBAC
+// forbade last, naming the Lease and the verb; "" when none did since the
+// last write that succeeded.
+func (r *replicaSet) forbiddenLease() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.forbidden
 }
 
 // releaseTimeout bounds release: a process that is shutting down must not
@@ -793,7 +843,7 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	delete(r.judgedVersion, l.Name)
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: seenAt, duration: duration,
-		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil}
+		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[AuthorityBundleHashAnnotation]}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s
 	// What the issuer decides on changed: what the replica trusts, or how

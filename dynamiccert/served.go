@@ -1,7 +1,10 @@
 package dynamiccert
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"slices"
 	"strings"
@@ -86,6 +89,44 @@ func (a *Authority) ServedChains() []ServedChain {
 }
 
 var _ ServedChainLister = (*Authority)(nil)
+
+// AnnouncesCABundle reports whether bundle is, byte for byte, the CA
+// bundle a live replica of this Authority (this one included) announces in
+// its Lease that it loaded: a caBundle publisher of the Authority finds
+// that another replica of it, not another writer, wrote bundle, also one
+// that is a step behind or ahead of this replica in a CA rotation. Only
+// believed announcements count (see AuthoritySignatureAnnotation), so
+// someone who may write Leases cannot make a bundle look like a
+// replica's. Without replica announcements, only this replica's own
+// bundle is one.
+func (a *Authority) AnnouncesCABundle(bundle []byte) bool {
+	if len(bundle) == 0 {
+		return false
+	}
+	if bytes.Equal(bundle, a.CurrentCABundleContent()) {
+		return true
+	}
+	if a.replicas == nil {
+		return false
+	}
+	sum := sha256.Sum256(bundle)
+	return a.replicas.announcesBundle(hex.EncodeToString(sum[:]))
+}
+
+// announcesBundle reports whether a live replica announces the bundle
+// whose SHA-256 is hash.
+func (r *replicaSet) announcesBundle(hash string) bool {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	unseen := r.unseenLocked(now)
+	for _, l := range r.seen {
+		if l.bundleHash == hash && !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) {
+			return true
+		}
+	}
+	return false
+}
 
 // servedChains returns the announced leaf of every live replica, sorted by
 // replica.

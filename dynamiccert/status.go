@@ -79,6 +79,17 @@ type RotationStatus struct {
 	// still serves a valid leaf. Stalled (and readiness) follow the
 	// schedule: they turn on once the signing CA nears its end.
 	Broken string
+	// LeaseForbidden, for an Authority replica, says that RBAC forbids
+	// writing its own replica Lease, naming the Lease and the verb (create,
+	// update, get on leases.coordination.k8s.io); empty once a write
+	// succeeds. The other replicas cannot see its announcements and do not
+	// wait for it, so a successor CA may sign before this replica's
+	// clients trust it. evercert_replica_lease_writes_forbidden_total
+	// counts every denied attempt. It does not fail RotationCheck: the
+	// replicas share one ServiceAccount, so RBAC denies them all alike,
+	// and failing readiness on it would empty the Service at once, while
+	// the risk it reports comes only with the next promotion.
+	LeaseForbidden string
 	// Emergency, for an Authority whose CA Secret marks a CA compromised
 	// (CompromisedCAAnnotation), is where the emergency rotation stands;
 	// nil when none is marked. Its String is a one-line summary.
@@ -166,6 +177,9 @@ func (i *issuer) currentStatus() RotationStatus {
 	s.ClockSkew = i.skew
 	s.LeafExpired = i.leaf != nil && !now.Before(i.leaf.Cert.NotAfter)
 	i.mu.RUnlock()
+	if i.replicas != nil {
+		s.LeaseForbidden = i.replicas.forbiddenLease()
+	}
 	switch {
 	case s.ClockSkew != "":
 		s.Phase = PhaseSuspect
@@ -186,8 +200,11 @@ type RotationReporter interface {
 // expire and no successor signs yet), naming the pending observers or the
 // error that keeps a successor from being published, while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
-// the skew, and while the leaf served has expired (LeafExpired). A stale read of the CA Secret and a broken Secret are reported
-// in Status (LastError, Broken), Events and metrics, not here: both hit
+// the skew, while the leaf served has expired (LeafExpired), and while a
+// replica catches up with a CA promoted without it (CatchingUp). A stale
+// read of the CA Secret, a broken Secret and Lease writes that RBAC
+// forbids (LeaseForbidden) are reported
+// in Status (LastError, Broken, LeaseForbidden), Events and metrics, not here: they hit
 // every replica alike, and failing readiness on them would empty the
 // Service while each replica still serves a valid leaf. It
 // belongs on /readyz and /healthz, not /livez: a restart does not make an

@@ -10,10 +10,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -355,7 +358,8 @@ func TestCLIRotate(t *testing.T) {
 	<-handled
 	require.Equal(t, exitOK, code, "rotate --wait with the request acted on")
 	var rep rotateReport
-	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	// --wait's progress lines (stderr) may come before the JSON (stdout).
+	require.NoError(t, json.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &rep))
 	assert.True(t, rep.Handled)
 	assert.Equal(t, secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation], rep.Annotations[dynamiccert.RotateRequestedAnnotation])
 
@@ -482,7 +486,8 @@ func TestCLIRotateActedOnByAuthorities(t *testing.T) {
 	code, out := cli(t, env, "rotate", secret, "--wait", "--timeout", "1m", "-o", "json")
 	require.Equal(t, exitOK, code, "rotate --wait with two Authorities running: %s", out)
 	var rep rotateReport
-	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
+	// --wait's progress lines (stderr) may come before the JSON (stdout).
+	require.NoError(t, json.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &rep))
 	assert.True(t, rep.Handled, "rotate-handled recorded")
 	s := secretCA(t, admin, secret)
 	assert.Equal(t, s.Annotations[dynamiccert.RotateRequestedAnnotation], s.Annotations[dynamiccert.RotateHandledAnnotation])
@@ -683,4 +688,80 @@ func TestCLIRotateReplacesIgnoredMark(t *testing.T) {
 	ann := secretCA(t, admin, secret).Annotations
 	assert.Equal(t, fp, ann[dynamiccert.CompromisedCAAnnotation], "the real CA is marked")
 	assert.Equal(t, "key leaked", ann[dynamiccert.CompromisedReasonAnnotation])
+}
+
+// gatedTransport fails every request while closed is set: a replica whose
+// API calls stop (a partitioned node, a process frozen between renewals)
+// while its Lease stays live.
+type gatedTransport struct {
+	next   http.RoundTripper
+	closed *atomic.Bool
+}
+
+func (g gatedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if g.closed.Load() {
+		return nil, errors.New("gated: this replica's API calls are cut off")
+	}
+	return g.next.RoundTrip(req)
+}
+
+// TestCLIRotateWaitSaysWhatItWaitsFor: three Authority replicas; one of
+// them (replica-stuck) stops reaching the API server while its Lease stays
+// live (10 minutes). rotate --compromised --wait then waits for the
+// Authority's compromised-handled annotation, which the emergency rotation
+// cannot reach while a live replica has not announced the successor.
+// While it waits the CLI says so on stderr (which annotation, its value,
+// and the live replicas that have not announced the successor), and its
+// timeout error names replica-stuck and no other replica, instead of
+// asking whether an Authority runs at all. Once replica-stuck reaches the
+// API again, the wait ends. Before, the CLI printed nothing while it
+// waited and its timeout named no replica.
+func TestCLIRotateWaitSaysWhatItWaitsFor(t *testing.T) {
+	admin, kubeconfig := cliCluster(t)
+	r := newRunners(t)
+	const secret = "waiting-ca"
+	a := startReplica(t, r, admin, secret, "replica-a")
+	b := startReplica(t, r, admin, secret, "replica-b")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	var cut atomic.Bool
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return gatedTransport{next: rt, closed: &cut} })
+	stuck, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		Namespace: cliNS, SecretName: secret, Client: kubernetes.NewForConfigOrDie(cfg), Hosts: []string{"webhook.test"},
+		ReplicaID: "replica-stuck", LeaseDuration: 10 * time.Minute,
+	})
+	require.NoError(t, err)
+	require.NoError(t, stuck.RunOnce(r.ctx))
+	r.run(stuck)
+	waitLeases(t, admin, secret, a, b, stuck)
+	cut.Store(true)
+	compromised := a.Status().Signing.Fingerprint
+	env := []string{"KUBECONFIG=" + kubeconfig}
+
+	code, out := cli(t, env, "rotate", secret, "--compromised", "--reason", "drill", "--wait", "--timeout", "20s")
+	require.Equal(t, exitError, code, "rotate --wait while a live replica cannot announce the successor")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	timeout := lines[len(lines)-1]
+	assert.Contains(t, timeout, "timed out after 20s waiting for the Authority to act: "+dynamiccert.CompromisedHandledAnnotation)
+	assert.Contains(t, timeout, "replica-stuck", "the timeout names the replica the rotation waits for")
+	assert.NotContains(t, timeout, "replica-a", "replica-a announced the successor")
+	assert.NotContains(t, timeout, "replica-b", "replica-b announced the successor")
+	assert.NotContains(t, timeout, "is an Authority running", "Authorities are running: the question misleads")
+	var progress []string
+	for _, l := range lines[:len(lines)-1] {
+		if strings.Contains(l, "waiting for "+dynamiccert.CompromisedHandledAnnotation) {
+			progress = append(progress, l)
+		}
+	}
+	require.NotEmpty(t, progress, "progress lines while waiting")
+	assert.Less(t, len(progress), 10, "at most every few seconds, backing off")
+	assert.Contains(t, progress[len(progress)-1], "want "+compromised)
+	assert.Contains(t, progress[len(progress)-1], "replica-stuck")
+
+	// replica-stuck reaches the API server again: it announces the
+	// successor, the emergency rotation completes and the wait ends.
+	cut.Store(false)
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "drill", "--wait", "--timeout", "2m")
+	require.Equal(t, exitOK, code, "rotate --wait once every live replica can act: %s", out)
+	assert.Equal(t, compromised, secretCA(t, admin, secret).Annotations[dynamiccert.CompromisedHandledAnnotation])
 }

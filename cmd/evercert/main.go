@@ -91,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "status":
 		err = runStatus(prog, args[2:], stdout)
 	case "rotate":
-		err = runRotate(prog, args[2:], stdout)
+		err = runRotate(prog, args[2:], stdout, stderr)
 	case "check":
 		err = runCheck(prog, args[2:], stdout)
 	case "help", "-h", "--help":

@@ -42,7 +42,17 @@ const (
 	waitPollCap     = 5 * time.Second
 )
 
-func runRotate(prog string, args []string, stdout io.Writer) error {
+// Backoff of what --wait says on stderr while it waits: the first line
+// after waitSayInitial (a request acted on at once prints nothing), then
+// twice as far apart each time up to waitSayCap, so a long wait neither
+// floods the terminal nor goes silent. Each line also lists the replicas'
+// Leases: one request more, at most this often.
+const (
+	waitSayInitial = 2 * time.Second
+	waitSayCap     = 30 * time.Second
+)
+
+func runRotate(prog string, args []string, stdout, stderr io.Writer) error {
 	var common commonFlags
 	var compromised, wait bool
 	var reason, fingerprint string
@@ -133,7 +143,8 @@ func runRotate(prog string, args []string, stdout io.Writer) error {
 		return err
 	}
 	if wait {
-		if err := k.waitHandled(ctx, name, handledKey, want, timeout); err != nil {
+		w := waitTarget{name: name, key: handledKey, want: want, compromised: compromised}
+		if err := k.waitHandled(ctx, w, timeout, stderr, prog); err != nil {
 			return err
 		}
 		rep.Handled = true
@@ -183,33 +194,123 @@ func compromisedCA(s *corev1.Secret, asked string) (string, error) {
 	return "", usagef("--ca %s: the CA Secret %s/%s holds no CA with that fingerprint (it holds %s)", asked, s.Namespace, s.Name, strings.Join(known, ", "))
 }
 
+// waitTarget is what --wait waits for: the annotation key on the CA
+// Secret name to equal want; compromised when want is a CA marked
+// compromised (the emergency rotation drains it).
+type waitTarget struct {
+	name, key, want string
+	compromised     bool
+}
+
 // waitHandled polls the Secret, backing off with jitter up to
-// waitPollCap, until the annotation key equals want or ctx ends.
-func (k *kube) waitHandled(ctx context.Context, name, key, want string, timeout time.Duration) error {
+// waitPollCap, until the annotation w.key equals w.want or ctx ends. While
+// it waits it says on stderr, backing off from waitSayInitial to
+// waitSayCap, what it waits for (waitingFor); the timeout error says it
+// too, read once more in the part of the timeout kept for it.
+func (k *kube) waitHandled(ctx context.Context, w waitTarget, timeout time.Duration, stderr io.Writer, prog string) error {
+	clk := clock.RealClock{}
+	// The last read is kept out of the poll, so that the timeout error
+	// can name the replicas as they are at the end, within --timeout.
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = clk.Now().Add(timeout)
+	}
+	pollCtx, cancel := context.WithDeadline(ctx, deadline.Add(-min(2*time.Second, timeout/4)))
+	defer cancel()
 	var last string
 	var lastErr error
-	ok := backoff.Retry(ctx, clock.RealClock{}, waitPollInitial, waitPollCap, func(ctx context.Context) error {
-		s, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, name, metav1.GetOptions{})
+	var lastSecret *corev1.Secret
+	say, sayEvery := clk.Now().Add(waitSayInitial), waitSayInitial
+	done := backoff.Retry(pollCtx, clk, waitPollInitial, waitPollCap, func(ctx context.Context) error {
+		s, err := k.client.CoreV1().Secrets(k.namespace).Get(ctx, w.name, metav1.GetOptions{})
 		if lastErr = err; err != nil {
 			return err
 		}
-		if last = s.Annotations[key]; last != want {
-			return errors.New("not handled yet")
+		lastSecret = s
+		if last = s.Annotations[w.key]; last == w.want {
+			return nil
 		}
-		return nil
+		if now := clk.Now(); !now.Before(say) {
+			fmt.Fprintf(stderr, "%s: %s\n", prog, k.waitingFor(ctx, w, s, now))
+			sayEvery = min(2*sayEvery, waitSayCap)
+			say = now.Add(sayEvery)
+		}
+		return errors.New("not handled yet")
 	}, nil)
-	if !ok {
-		seen := "not set"
-		if last != "" {
-			seen = fmt.Sprintf("%q", last)
-		}
-		// A read cut short by the deadline itself says nothing; any other
-		// failure is why the wait could not tell.
-		if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, context.Canceled) {
-			seen = fmt.Sprintf("unknown (the last read failed: %v)", lastErr)
-		}
-		return fmt.Errorf("timed out after %v waiting for the Authority to act: %s on Secret %s/%s is %s, want %q (is an Authority running for this Secret, and can it update it?)",
-			timeout, key, k.namespace, name, seen, want)
+	if done {
+		return nil
 	}
-	return nil
+	seen := "not set"
+	if last != "" {
+		seen = fmt.Sprintf("%q", last)
+	}
+	// A read cut short by the deadline itself says nothing; any other
+	// failure is why the wait could not tell.
+	if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, context.Canceled) {
+		seen = fmt.Sprintf("unknown (the last read failed: %v)", lastErr)
+	}
+	why := "is an Authority running for this Secret, and can it update it?"
+	if lastSecret != nil {
+		why = k.waitingOn(ctx, w, lastSecret, clk.Now())
+	}
+	return fmt.Errorf("timed out after %v waiting for the Authority to act: %s on Secret %s/%s is %s, want %q (%s)",
+		timeout, w.key, k.namespace, w.name, seen, w.want, why)
+}
+
+// waitingFor is the line --wait prints while it waits: the annotation, its
+// value and what the Authority waits on (waitingOn).
+func (k *kube) waitingFor(ctx context.Context, w waitTarget, s *corev1.Secret, now time.Time) string {
+	seen := "not set"
+	if v := s.Annotations[w.key]; v != "" {
+		seen = v
+	}
+	return fmt.Sprintf("waiting for %s on Secret %s/%s: now %s, want %s; %s", w.key, k.namespace, w.name, seen, w.want, k.waitingOn(ctx, w, s, now))
+}
+
+// waitingOn says which live replicas the Authority waits on, from their
+// Leases verified as status verifies them (dynamiccert.VerifyAnnouncement;
+// a rejected Lease is no replica): those whose announcement does not trust
+// the successor CA in the Secret (next.crt) yet or, once the successor of a
+// compromised CA signs, those still serving a leaf the compromised CA
+// signed. With no live replica it asks whether an Authority runs at all.
+func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, now time.Time) string {
+	cas := secretCAs(s)
+	replicas, err := k.replicas(ctx, w.name, now, cas, nil)
+	if err != nil {
+		return fmt.Sprintf("the replicas are unknown: %v", err)
+	}
+	successor := parseCertPEM(s.Data[dynamiccert.AuthorityNextCertKey])
+	signing := parseCertPEM(s.Data[corev1.TLSCertKey])
+	// The compromised CA no longer signs: the emergency rotation drains
+	// it, waiting for every live replica to serve a leaf of its successor.
+	draining := w.compromised && signing != nil && dynamiccert.Fingerprint(signing) != w.want
+	var live, pending []string
+	for _, r := range replicas {
+		if !r.believed() {
+			continue
+		}
+		live = append(live, r.ID)
+		switch {
+		case draining:
+			if issuer(r.leaf, cas) == w.want {
+				pending = append(pending, r.ID)
+			}
+		case successor != nil && !slices.Contains(r.TrustedCAs, dynamiccert.Fingerprint(successor)):
+			pending = append(pending, r.ID)
+		}
+	}
+	switch {
+	case len(live) == 0:
+		return "no live replica announces itself in a Lease: is an Authority running for this Secret, and can it update it?"
+	case draining && len(pending) > 0:
+		return fmt.Sprintf("CA %s signs; live replicas still serving a leaf from compromised CA %s: %s", dynamiccert.Fingerprint(signing), w.want, strings.Join(pending, ", "))
+	case draining:
+		return fmt.Sprintf("CA %s signs and no live replica serves a leaf from compromised CA %s any more", dynamiccert.Fingerprint(signing), w.want)
+	case successor == nil:
+		return fmt.Sprintf("no successor CA in the Secret yet (live replicas: %s)", strings.Join(live, ", "))
+	case len(pending) > 0:
+		return fmt.Sprintf("live replicas that have not announced successor CA %s: %s", dynamiccert.Fingerprint(successor), strings.Join(pending, ", "))
+	default:
+		return fmt.Sprintf("every live replica announced successor CA %s (%s)", dynamiccert.Fingerprint(successor), strings.Join(live, ", "))
+	}
 }

@@ -34,3 +34,17 @@ func ReplicaAnnouncementRejected(provider, reason string) {
 	Register()
 	replicaAnnouncementsRejected.WithLabelValues(provider, reason).Inc()
 }
+
+var replicaLeaseWritesForbidden = metrics.NewCounterVec(&metrics.CounterOpts{
+	Namespace:      namespace,
+	Name:           "replica_lease_writes_forbidden_total",
+	Help:           "Number of writes of an Authority replica's own Lease that RBAC forbade, by provider and verb (create, update, get). Counted at every attempt (they back off), so the rate stays above zero for as long as it lasts: the other replicas cannot see this replica's announcements and do not wait for it before a successor CA signs.",
+	StabilityLevel: metrics.ALPHA,
+}, []string{"provider", "verb"})
+
+// ReplicaLeaseWriteForbidden records that RBAC forbade verb on provider's
+// (an Authority replica's) own Lease.
+func ReplicaLeaseWriteForbidden(provider, verb string) {
+	Register()
+	replicaLeaseWritesForbidden.WithLabelValues(provider, verb).Inc()
+}
