@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-sim simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -20,7 +20,7 @@ build:
 ## rules, the recipes (controller-runtime, gRPC), the CLI, the API budget on
 ## a real kube-apiserver, the nested modules (controllerruntime, migrations,
 ## deploy manifests and images, PKCS#11).
-test: test-unit test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-cli test-hsm test-budget-e2e test-e2e soak-short
+test: test-unit test-sim test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy test-migrate test-operator-e2e test-cli test-hsm test-budget-e2e test-e2e soak-short
 
 ## deps: Debian packages the tests need (sslscan, openssl, prometheus for promtool, softhsm2).
 deps:
@@ -29,6 +29,33 @@ deps:
 ## test-unit: unit and integration tests with the race detector; real TLS handshakes on 127.0.0.1.
 test-unit: deps
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test-sim: the seeded simulator (dynamiccert/simulate_test.go), without
+## -race: R real Authority replicas (1-10) on simulated clocks and a
+## simulated API server, faults drawn from each seed, invariants S1-S3, V1
+## and L1 checked after every event (docs/architecture.md, "Simulator").
+## SIM_SEEDS seeds of every fault kind but hand edits and a publisher that
+## stops alone; then each mutation of the rules (the old ones field trial 4
+## found) must be caught from seed 1 on, and the open gaps still reached.
+## A failure prints the seed and the shrunk schedule. Fails if a test did
+## not pass.
+SIM_SEEDS ?= 400
+SIM_TESTS := TestSimulate TestSimulateFindsMutations TestSimulateFindsOpenGaps
+test-sim:
+	@mkdir -p $(CURDIR)/tmp
+	$(GO) test -count=1 -v -timeout 30m -run '^($(subst $(eval) ,|,$(SIM_TESTS)))$$' ./dynamiccert/ -args -sim.seeds=$(SIM_SEEDS) -sim.mutations > $(CURDIR)/tmp/sim.log 2>&1 || { tail -60 $(CURDIR)/tmp/sim.log; exit 1; }
+	@for t in $(SIM_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/sim.log || { echo "test-sim: $$t did not pass"; tail -60 $(CURDIR)/tmp/sim.log; exit 1; }; done
+	@grep -E '^(--- |ok )|seeds in|found after|of [0-9]+ seeds|shrunk:|^ {10}[0-9]' $(CURDIR)/tmp/sim.log
+
+## simulate: long simulator runs (not part of make test): SEEDS seeds from
+## SIM_FIRST with every fault kind, hand edits included, and every mutation,
+## the slow ones included. It stops at the first violation, printing its seed
+## and shrunk schedule; replay one with
+## go test -run '^TestSimulate$$' ./dynamiccert/ -args -sim.seed=N -sim.hand-edits.
+SEEDS ?= 100000
+SIM_FIRST ?= 1
+simulate:
+	$(GO) test -count=1 -v -timeout 0 -run '^(TestSimulate|TestSimulateFindsMutations)$$' ./dynamiccert/ -args -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.hand-edits -sim.mutations -sim.long-mutations 2>&1 | grep -vE '^[EIW][0-9]{4} '
 
 ## test-alloc: the zero-allocation promise of the handshake path, checked
 ## without -race (the race detector allocates, so these tests are built only
@@ -203,9 +230,13 @@ soak-short:
 ## soak: the long soak (not part of make test): ten simulated years of
 ## steps, ten simulated years of fault scenarios, 60 s on the real clock,
 ## and one cycle of the scale scenario with 100 replicas (API budget, CPU
-## and heap per replica).
+## and heap per replica); then dynamiccert's scenario tests at full size
+## (-dynamiccert.long: 10 replicas, 30 CA lifetimes, every hand edit),
+## which make test runs smaller, as the simulator covers their state space.
+LONG_SCENARIOS := TestPromotionWithinSecondsOfTheDelay|TestPromotionWithinSecondsOfAnOutage|TestAuthorityReplicasRotate|TestRollingRestartsNeverStallRotation|TestHandEditedBrokenSecretIsRepaired
 soak:
 	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="" SOAK_ARGS="-soak.duration=60s -soak.years=10"
+	$(GO) test -race -count=1 -timeout 60m -run '^($(LONG_SCENARIOS))$$' ./dynamiccert/ -args -dynamiccert.long
 
 # soak-run keeps the full log in tmp/soak.log and prints the soak reports
 # (rotations, handshakes, requests, failures, goroutines and heap) and the

@@ -488,6 +488,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		err = s.keys.resolveKeys(st)
 	}
 	if err != nil {
+		var unrepairable *unrepairableError
+		if mutations.brokenSilent && errors.As(err, &unrepairable) {
+			s.repair.setReason("")
+			return stepResult{}, errWaitingForStore
+		}
 		return stepResult{}, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}
 	st.ops = parseOperatorRequests(secret)
@@ -495,6 +500,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
 	}
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
+	var unrepairable *unrepairableError
+	if mutations.brokenSilent && errors.As(err, &unrepairable) {
+		s.repair.setReason("")
+		return stepResult{}, errWaitingForStore
+	}
 	if err != nil {
 		return res, fmt.Errorf("CA secret %s: %w", s.src.key, err)
 	}

@@ -88,6 +88,9 @@ func TestHandEditedBrokenSecretIsRepaired(t *testing.T) {
 			delete(s.Data, corev1.TLSCertKey)
 		}},
 	} {
+		if !*dynamiccert.LongScenarios && form.name != "garbage ca.crt" {
+			continue // make soak runs every form; the simulator garbles each part
+		}
 		t.Run(form.name, func(t *testing.T) {
 			w := newEmergencyWorld(t)
 			good := w.secret()

@@ -341,7 +341,7 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 			i.leaf, i.alts, i.leafPair, i.leafCA, changed = st.legacy, nil, st.legacy.KeyPair(), st.signing.Cert.Raw, true
 			i.report.Loaded(st.legacy.Cert, "adopted", true, "caSerial", serial(st.signing.Cert))
 		}
-	} else if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) && !i.emerg.compromised(st.ops, st.signing.Cert) {
+	} else if _, held := i.reissueFloor(now); issue && !held && i.sched.leafDue(i.leaf, i.leafCA, st, now) && (mutations.compromisedSigns || !i.emerg.compromised(st.ops, st.signing.Cert)) {
 		// A CA marked compromised signs no new leaf, not even for a
 		// replica that has none yet (started mid-emergency): it serves
 		// nothing, or the leaf it has, until the successor signs, which
@@ -533,7 +533,14 @@ type memoryStore struct{ cs caSet }
 
 func (m *memoryStore) update(_ context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
 	work := m.cs.clone()
-	res, err := step(stepInput{now: now, read: &work, exists: work.signing != nil})
+	in := stepInput{now: now, read: &work, exists: work.signing != nil}
+	if work.signing != nil {
+		// The state is never lost here, but step keeps this process's
+		// memory (when it first saw the successor) from last.
+		last := m.cs.clone()
+		in.last = &last
+	}
+	res, err := step(in)
 	if err != nil {
 		return stepResult{}, err
 	}

@@ -64,6 +64,28 @@ type machine struct {
 	judge func(st *caSet, now time.Time) (reason string, waiting bool)
 }
 
+// mutations take rules of the machine back to older, wrong ones. Only the
+// simulator's mutation test sets them (simulate_test.go), to show that
+// each invariant it checks can fail; every real process leaves them false.
+var mutations struct {
+	// delayFromStart: a successor's delay runs from this process's first
+	// sight of it, whatever the recorded publication, and it is announced
+	// only after that (issue 27 §1, rollouts stall every rotation).
+	delayFromStart bool
+	// pastedSigns: a CA pasted into the signing slot signs as it is
+	// (issue 27 §3).
+	pastedSigns bool
+	// brokenSilent: a Secret this replica cannot repair is waited on
+	// without a word (issue 27 §3).
+	brokenSilent bool
+	// ignoreObservers: a successor signs once its delay is over, observed
+	// or not.
+	ignoreObservers bool
+	// compromisedSigns: a CA marked compromised still signs leaves (for a
+	// replica that has none, or whose leaf is due).
+	compromisedSigns bool
+}
+
 // stepInput is what one check read.
 type stepInput struct {
 	now time.Time
@@ -131,7 +153,7 @@ type stepResult struct {
 func (m *machine) step(in stepInput) (stepResult, error) {
 	st, now := in.read, in.now
 	res := stepResult{state: st, repairs: in.repairs}
-	if m.repair != nil && !in.adopted {
+	if m.repair != nil && !in.adopted && !mutations.pastedSigns {
 		pasted, err := m.repair.unpublished(st, in.last, now)
 		if err != nil {
 			return res, err
@@ -158,9 +180,9 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// A successor found published at this process's first read is
 		// inherited: its delay runs from the recorded publication and it
 		// is announced at once, unless this pod's consumers may lack it.
-		st.seenSince, st.inherited = now, in.last == nil && (in.consumersMayLack == nil || !in.consumersMayLack(st.next.Cert))
+		st.seenSince, st.inherited = now, in.last == nil && (in.consumersMayLack == nil || !in.consumersMayLack(st.next.Cert)) && !mutations.delayFromStart
 		if in.last != nil && in.last.next != nil && in.last.next.Cert.Equal(st.next.Cert) {
-			st.seenSince, st.inherited, st.observedSince = in.last.seenSince, in.last.inherited, in.last.observedSince
+			st.seenSince, st.inherited = in.last.seenSince, in.last.inherited
 		}
 		if st.nextSince.IsZero() {
 			st.nextSince = st.seenSince // publication time unknown

@@ -166,7 +166,7 @@ func (w *promotionWorld) rotate() time.Duration {
 // re-checks on the Lease watch event. (It passed before issue 22 too: the
 // 20-30 s seen in a black-box run is not in this path.)
 func TestPromotionWithinSecondsOfTheDelay(t *testing.T) {
-	for _, n := range []int{2, 3, 10} {
+	for _, n := range promotionReplicas() {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			client := fake.NewClientset()
 			optimistic(client)
@@ -184,6 +184,16 @@ func TestPromotionWithinSecondsOfTheDelay(t *testing.T) {
 	}
 }
 
+// promotionReplicas are the replica counts the promotion tests run: 10
+// replicas only under -dynamiccert.long (make soak); the simulator runs up
+// to 10 in make test.
+func promotionReplicas() []int {
+	if *LongScenarios {
+		return []int{2, 3, 10}
+	}
+	return []int{2, 3}
+}
+
 var (
 	secretGVR = corev1.SchemeGroupVersion.WithResource("secrets")
 	leaseGVR  = coordinationv1.SchemeGroupVersion.WithResource("leases")
@@ -197,7 +207,7 @@ var (
 // a confirmed successor back.
 func TestPromotionWithinSecondsOfAnOutage(t *testing.T) {
 	const bound = 10 * time.Second
-	for _, n := range []int{2, 3, 10} {
+	for _, n := range promotionReplicas() {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			client := fake.NewClientset()
 			optimistic(client)

@@ -171,7 +171,7 @@ func TestRollingRestartsNeverStallRotation(t *testing.T) {
 			var next []byte
 			var published time.Time
 			rotations, rolls := 0, 0
-			for rotations < 3 {
+			for rotations < scenarioSize(1, 3) {
 				require.False(t, w.clk.Now().After(testNow.Add(30*time.Hour)), "only %d rotations in 30 hours", rotations)
 				w.step(time.Minute)
 				if !w.clk.Now().Before(nextRoll) {

@@ -52,11 +52,7 @@ type caSet struct {
 	// process started with it (its consumers read the bundle at start).
 	// Not stored. See leafDue.
 	signingSince time.Time
-	// observedSince is when every observer and every live replica last
-	// began to confirm next, on this process's clock; zero while they do
-	// not. Not stored: each process keeps its own (see promotable).
-	observedSince time.Time
-	bundle        []*x509.Certificate // oldest first
+	bundle       []*x509.Certificate // oldest first
 	// legacy is another rotator's serving leaf, served while the signing
 	// CA was adopted without its key (SecretLayout knative): signing.Key
 	// is nil then, and the successor, published at once, replaces both
@@ -147,14 +143,7 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 			klog.Background().Info("Published successor CA; it signs once every observer has it", "provider", r.name,
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
-		if cs.next != nil {
-			if !obs.all(cs.next.Cert) {
-				cs.observedSince = time.Time{}
-			} else if cs.observedSince.IsZero() {
-				cs.observedSince = now
-			}
-		}
-		if cs.next != nil && r.promotable(cs, now) {
+		if cs.next != nil && r.promotable(cs, now, obs.all) {
 			cs.signing, cs.signingSince, cs.next, changed = cs.next, cs.seenSince, nil, true
 			klog.Background().Info("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
@@ -185,27 +174,9 @@ type observation struct {
 }
 
 // promotable reports whether the successor may sign: its minimum delay has
-// passed, and every observer and live replica has confirmed it for
-// observedSettle (see settledAt).
-func (r rotation) promotable(cs *caSet, now time.Time) bool {
-	return !now.Before(r.signsNoEarlierThan(cs)) && !cs.observedSince.IsZero() && !now.Before(r.settledAt(cs))
-}
-
-// observedSettle is how long the observers must have confirmed a successor
-// before it signs, when they confirm it only after its minimum delay (a
-// caBundle publisher that was down longer than the delay): an observer
-// confirms that its target holds the CA, and the target's own clients (the
-// kube-apiserver's webhook client, which reads the caBundle through its
-// informer) take a moment more to have it. Promoting at once would fail
-// their handshakes in that moment; the simulator found it (issue 28). It
-// is never longer than the propagation delay, so a delay of zero still
-// means at once.
-const observedSettle = 15 * time.Second
-
-// settledAt is when the observers' confirmation of the successor has lasted
-// observedSettle (min the propagation delay).
-func (r rotation) settledAt(cs *caSet) time.Time {
-	return cs.observedSince.Add(min(observedSettle, r.propagation))
+// passed and every observer confirmed it.
+func (r rotation) promotable(cs *caSet, now time.Time, observed func(*x509.Certificate) bool) bool {
+	return !now.Before(r.signsNoEarlierThan(cs)) && (observed(cs.next.Cert) || mutations.ignoreObservers)
 }
 
 // signsNoEarlierThan is when the successor's minimum propagation delay
@@ -341,8 +312,6 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 		// successor back: they notify, and are polled every check
 		// interval. A deadline in the past would be a busy loop.
 		next = earliest(next, signs)
-	} else if settled := r.settledAt(cs); !cs.observedSince.IsZero() && settled.After(now) {
-		next = earliest(next, settled)
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
