@@ -241,6 +241,7 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 	if isSigning && cs.next != nil && obs.all(cs.next.Cert) {
 		old := cs.signing.Cert
 		cs.signing, cs.next, changed = cs.next, nil, true
+		cs.signingSince = time.Time{} // no delay in an emergency (keepOldLeaf)
 		e.note(emergencySigning, corev1.EventTypeWarning, ReasonEmergencyCARotation, fmt.Sprintf("successor CA %q signs in place of compromised CA %q; every replica re-issues its leaf",
 			cs.signing.Cert.Subject.CommonName, old.Subject.CommonName))
 	}

@@ -141,8 +141,10 @@ type stepResult struct {
 //  3. The successor's minimum delay keeps running from when this process
 //     first saw it, or from its recorded publication after a restart
 //     (rotation.delayStart): restarts never start it over (L1).
-//  4. CAs this process knew and the Secret lost come back (restore), so
-//     no client loses trust in a CA that still signs leaves (S1).
+//  4. A promotion no replica could have made yet (a hand edit) is counted
+//     as an unsafe rotation (handPromoted, S1); CAs this process knew and
+//     the Secret lost come back (restore), so no client loses trust in a CA
+//     that still signs leaves (S1).
 //  5. The operator's requests are acted on (emergency.decide): a CA marked
 //     compromised stops signing as soon as its successor is observed and
 //     leaves every bundle once no live replica serves a leaf it signed (S3).
@@ -200,7 +202,10 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		case in.last.signing != nil && in.last.signing.Cert.Equal(st.signing.Cert):
 			st.signingSince = in.last.signingSince
 		case in.last.next != nil && in.last.next.Cert.Equal(st.signing.Cert):
-			if !in.last.inherited {
+			// Promoted by another replica. An emergency's successor signs
+			// without the delay by design (whatever the annotations say
+			// later: an operator may clear them).
+			if !in.last.inherited && !in.last.emergencyActive() {
 				st.signingSince = in.last.seenSince
 			}
 		default:

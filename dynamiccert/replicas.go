@@ -735,33 +735,27 @@ func (r *replicaSet) watch(ctx context.Context, kick func()) {
 
 // consumersMayLack reports whether the consumers of this replica's bundle
 // (a bundle file in its pod, a sidecar, clients that fetched it) may lack
-// ca although this process found it published when it started. They may
-// when the pod ran before (a Lease with this replica's ID exists: the same
-// pod, its container restarted) and its previous process did not announce
-// ca, or when that cannot be told (the Leases were not listed, or this one
-// cannot be verified): the pod's consumers kept what they had and need the
-// full minimum delay from now. A new pod (no Lease of its own: a rollout, a
-// scale-up, a graceful restart, which deletes its Lease) starts with fresh
-// consumers that read the bundle at start, so it announces ca at once
-// (rotation.delayStart); that is what keeps a Deployment rolled out more
-// often than the delay from stalling every rotation (issue 27), while a
-// container that crash-loops faster than the delay does hold the rotation
-// back, visibly (Stalled), since its pod's consumers never had the
-// successor for long. Call it before this process's first write.
+// ca although this process found it in the Secret when it started: the pod
+// ran before (its previous process's Lease, under this replica's ID, is
+// still there: its container was restarted) and that process's believed
+// announcement did not hold ca. The pod's consumers kept what they had and
+// need the full minimum delay from now. Anything else counts as a new pod,
+// whose consumers read the bundle at start: no Lease of its own (a
+// rollout, a scale-up, a graceful restart, which deletes its Lease), the
+// Leases not listed yet or not listable (an API error, RBAC: a replica must
+// not sit out the delay, NotReady, for an error of the API server's), or a
+// Lease under its name that is not believed (someone with Lease write must
+// not hold it back). So a Deployment rolled out more often than the delay
+// never stalls a rotation (issue 27), while a container that crash-loops
+// faster than the delay holds it back, visibly (Stalled), since its pod's
+// consumers never had the successor for long. Call it before this
+// process's first write.
 func (r *replicaSet) consumersMayLack(ca *x509.Certificate) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.listed || r.listForbidden {
-		return true
-	}
 	prev := r.seen[r.leaseName]
-	_, held := r.held[r.leaseName]
-	_, judged := r.judgedVersion[r.leaseName]
-	switch {
-	case prev == nil && !held && !judged:
-		return false // a new pod
-	case prev == nil || r.written != (announcement{}):
-		return true // not believed, or already this process's own
+	if !r.listed || r.listForbidden || prev == nil || prev.deleted || r.written != (announcement{}) {
+		return false
 	}
 	return !slices.Contains(prev.trusted, Fingerprint(ca))
 }

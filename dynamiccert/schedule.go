@@ -144,7 +144,11 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 				"ca", ca.Cert.Subject.CommonName, "serial", serial(ca.Cert), "signsNoEarlierThan", r.signsNoEarlierThan(cs).UTC())
 		}
 		if cs.next != nil && r.promotable(cs, now, obs.all) {
-			cs.signing, cs.signingSince, cs.next, changed = cs.next, cs.seenSince, nil, true
+			cs.signing, cs.next, changed = cs.next, nil, true
+			cs.signingSince = cs.seenSince
+			if cs.inherited {
+				cs.signingSince = time.Time{} // its consumers had it from the start
+			}
 			klog.Background().Info("Successor CA observed; it signs now", "provider", r.name, "ca", cs.signing.Cert.Subject.CommonName, "serial", serial(cs.signing.Cert))
 		}
 	}

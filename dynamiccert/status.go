@@ -43,17 +43,23 @@ type RotationStatus struct {
 	// the leaf's renew-before (a frozen VM, SIGSTOP), an Authority replica
 	// first waits for the other replicas' next Lease renewals to tell
 	// whether its clock agrees (up to a third of the lease duration)
-	// before it signs again, and serves the expired leaf meanwhile.
-	// RotationCheck fails while it lasts, so no client is sent to it.
+	// before it signs again, and serves the expired leaf meanwhile; in an
+	// emergency that an observer never confirms, the compromised CA signs
+	// no new leaf and the last one runs out (Emergency says which
+	// observers are pending). RotationCheck fails while it lasts, so no
+	// client is sent to it.
 	LeafExpired bool
 	// CatchingUp is true while this replica serves a leaf of a signing CA
 	// that reached its bundle less than the propagation delay ago, with no
 	// leaf of the previous CA left to serve: it was paused, or cut off,
 	// longer than its Lease while the other replicas promoted the CA
-	// without it. The consumers of its bundle (a bundle file, clients that
-	// fetched it) may not trust the CA yet, so RotationCheck fails until
-	// the delay has passed on its clock; the other replicas, which
-	// promoted it, serve meanwhile. Not in an emergency.
+	// without it, or its container restarted in the same pod before its
+	// previous process announced the CA (replicaSet.consumersMayLack). The
+	// consumers of its bundle (a bundle file, clients that fetched it) may
+	// not trust the CA yet, so RotationCheck fails until the delay has
+	// passed on its clock; the other replicas, which promoted it, serve
+	// meanwhile. Never for an emergency's successor, a new pod, or a
+	// replica that cannot list the Leases.
 	CatchingUp bool
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
@@ -147,8 +153,7 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	i.mu.RLock()
 	fromSigning := i.leaf != nil && bytes.Equal(i.leafCA, st.signing.Cert.Raw)
 	i.mu.RUnlock()
-	s.CatchingUp = fromSigning && !st.signingSince.IsZero() &&
-		now.Before(st.signingSince.Add(i.sched.propagation)) && st.ops.successor != Fingerprint(st.signing.Cert)
+	s.CatchingUp = fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
@@ -189,6 +194,14 @@ func (i *issuer) currentStatus() RotationStatus {
 	return s
 }
 
+// lastErrorSuffix is "; last error: <err>", or "" without one.
+func lastErrorSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return "; last error: " + err.Error()
+}
+
 // RotationReporter is what RotationCheck reads: SelfSigned and Authority.
 type RotationReporter interface {
 	Name() string
@@ -218,7 +231,7 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 		case s.CatchingUp:
 			return fmt.Errorf("CA %s reached this replica's bundle less than the propagation delay ago (it was paused or cut off while the other replicas promoted it); its consumers may not trust it yet", s.Signing.Serial)
 		case s.LeafExpired:
-			return fmt.Errorf("the serving certificate has expired and no new one is issued yet (after a pause, the replica waits for the other replicas' Lease renewals before it signs): %v", s.LastError)
+			return fmt.Errorf("the serving certificate has expired on this replica's clock and no new one is issued yet (phase %s%s)", s.Phase, lastErrorSuffix(s.LastError))
 		case !s.Stalled:
 			return nil
 		case s.Successor != nil:
