@@ -392,12 +392,31 @@ func (p *Publisher) byOwnReplica(values [][]byte, bundle []byte) bool {
 	if !ok || len(values) == 0 {
 		return false
 	}
+	now := p.clock.Now()
 	for _, v := range values {
-		if !rb.AnnouncesCABundle(v) {
+		if !rb.AnnouncesCABundle(v) || !holdsValidCA(v, now) {
+			// A value whose every CA has expired verifies nothing: after
+			// an unsafe rotation (every replica paused past the CAs' end)
+			// the replicas' Leases still announce it until they renew,
+			// and holding it back would fail every client of the new CA.
 			return false
 		}
 	}
 	return !p.breaksServed(values, bundle)
+}
+
+// holdsValidCA reports whether the PEM bundle v holds a CA valid at now.
+func holdsValidCA(v []byte, now time.Time) bool {
+	certs, err := pki.ParseCABundle(v)
+	if err != nil {
+		return false
+	}
+	for _, c := range certs {
+		if !now.Before(c.NotBefore) && now.Before(c.NotAfter) {
+			return true
+		}
+	}
+	return false
 }
 
 // aheadOfAll reports whether bundle is a later step of the CA rotation
