@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand"
 	"runtime"
 	"slices"
@@ -852,7 +853,7 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 	switch a.GetVerb() {
 	case "list":
 		l := &coordinationv1.LeaseList{}
-		for _, name := range slices.Sorted(mapKeys(w.leases)) {
+		for _, name := range slices.Sorted(maps.Keys(w.leases)) {
 			l.Items = append(l.Items, *w.leases[name].DeepCopy())
 		}
 		return true, l, nil
@@ -895,16 +896,6 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 		return true, nil, nil
 	}
 	return true, nil, fmt.Errorf("simulated API: %s leases not supported", a.GetVerb())
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func (w *simWorld) setLease(name string, l *coordinationv1.Lease) {
@@ -1196,7 +1187,7 @@ func (w *simWorld) editSecret(f simFault) {
 // replica's, or garbled.
 func (w *simWorld) forge(s *simSlot, how string) {
 	var src *coordinationv1.Lease
-	for _, name := range slices.Sorted(mapKeys(w.leases)) {
+	for _, name := range slices.Sorted(maps.Keys(w.leases)) {
 		src = w.leases[name]
 		break
 	}
@@ -1433,7 +1424,7 @@ func (w *simWorld) checkInvariants() {
 	// simDrainBound of quiet time.
 	brokenForGood := w.secret != nil && w.parsedSign == nil
 	for fp, at := range w.marked {
-		since := w.now.Sub(latestTime(at, w.quietSince))
+		since := w.now.Sub(latest(at, w.quietSince))
 		if brokenForGood && since >= simDrainBound {
 			w.gaps[gapBrokenEmergency] = true
 			continue
@@ -1464,7 +1455,7 @@ func (w *simWorld) checkInvariants() {
 	}
 	if w.parsedSign != nil && w.secret != nil {
 		due := w.parsedSign.NotAfter.Add(-simCfg.CARenewBefore)
-		from := latestTime(due, w.quietSince)
+		from := latest(due, w.quietSince)
 		if anyAlive && w.now.Sub(from) >= simCfg.PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
 			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
@@ -1566,13 +1557,6 @@ func (w *simWorld) checkVisible(p *simProc) {
 		want = "CA " + short(Fingerprint(w.parsedSign))
 	}
 	w.fail("V1", "r%d has been in force with another CA than the Secret's (%s) for %v and its Status says nothing (phase %s)", p.slot.idx, want, w.now.Sub(p.divergedAt), st.Phase)
-}
-
-func latestTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // ---- the tests --------------------------------------------------------
