@@ -150,7 +150,7 @@ func parseCertControllerSecret(s *corev1.Secret) (*caSet, error) {
 	if err := requireKeys(s, LayoutCertController, SecretCAKey, certControllerCAKeyKey, corev1.TLSCertKey, corev1.TLSPrivateKeyKey); err != nil {
 		return nil, err
 	}
-	ca, err := parseCA(s.Data[SecretCAKey], s.Data[certControllerCAKeyKey])
+	ca, err := costly.parseCA(s.Data[SecretCAKey], s.Data[certControllerCAKeyKey])
 	if err != nil {
 		return nil, fmt.Errorf("%s layout: CA (%s, %s): %w", LayoutCertController, SecretCAKey, certControllerCAKeyKey, err)
 	}

@@ -335,7 +335,7 @@ func checkSignedAnnouncement(l *coordinationv1.Lease) (*x509.Certificate, []byte
 	if l.Spec.RenewTime == nil {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: errors.New("the Lease has no renewTime")}
 	}
-	if err := verifyAnnouncementSignature(leaf.PublicKey, announcementMessage(l), sig); err != nil {
+	if err := costly.verify(leaf.PublicKey, announcementMessage(l), sig); err != nil {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementForged, err: err}
 	}
 	if l.Annotations[AuthorityLeafSerialAnnotation] != serial(leaf) {
@@ -359,7 +359,7 @@ func checkAnnouncedLeaf(leaf *x509.Certificate, names string, roots []*x509.Cert
 	// not checked here (clock skew is judged elsewhere, from believed
 	// announcements only), and a leaf needs no intermediates.
 	for _, ca := range roots {
-		if leaf.CheckSignatureFrom(ca) == nil {
+		if costly.signedBy(leaf, ca) {
 			return nil
 		}
 	}

@@ -581,7 +581,7 @@ func parseAuthoritySecret(s *corev1.Secret) (*caSet, error) {
 			signing = fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, AuthorityKeyRefKey, err)
 		}
 	} else if len(s.Data[corev1.TLSCertKey]) > 0 || len(s.Data[corev1.TLSPrivateKeyKey]) > 0 {
-		if st.signing, err = parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		if st.signing, err = costly.parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
 			signing = fmt.Errorf("signing CA (%s, %s): %w", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 		}
 	}
@@ -610,13 +610,13 @@ func parseSuccessorAndBundle(s *corev1.Secret, st *caSet) error {
 		}
 		st.nextSince = parseNextSince(s)
 	} else if len(s.Data[AuthorityNextCertKey]) > 0 {
-		if st.next, err = parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
+		if st.next, err = costly.parseCA(s.Data[AuthorityNextCertKey], s.Data[AuthorityNextKeyKey]); err != nil {
 			broken.next = fmt.Errorf("successor CA (%s, %s): %w", AuthorityNextCertKey, AuthorityNextKeyKey, err)
 		}
 		st.nextSince = parseNextSince(s)
 	}
 	if len(s.Data[SecretCAKey]) > 0 {
-		if st.bundle, err = pki.ParseCABundle(s.Data[SecretCAKey]); err != nil {
+		if st.bundle, err = costly.parseBundle(s.Data[SecretCAKey]); err != nil {
 			broken.bundle = fmt.Errorf("%s: %w", SecretCAKey, err)
 		}
 	}
@@ -636,7 +636,9 @@ func parseNextSince(s *corev1.Secret) time.Time {
 	return t
 }
 
-func parseCA(certPEM, keyPEM []byte) (*pki.Issued, error) {
+// parseCAPair parses a CA certificate and its key; the certificate must be
+// a CA. Callers go through costly.parseCA.
+func parseCAPair(certPEM, keyPEM []byte) (*pki.Issued, error) {
 	pair, err := pki.ParseCertKey(certPEM, keyPEM, zeroTime)
 	if err != nil {
 		return nil, err

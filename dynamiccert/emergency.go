@@ -31,11 +31,13 @@ type operatorRequests struct {
 // Annotations the Authority keeps about an emergency rotation, beside the
 // operator's: emergencySuccessorAnnotation is the Fingerprint of the
 // successor made after the current mark; emergencyDroppedAnnotation lists
-// (comma-separated) the successors that were pending when a signing CA was
-// marked compromised. Their keys were kept where the compromised CA's was
-// (next.key beside tls.key, or the same key store), so they never sign and
-// leave ca.crt at once; every replica reads this list, so none writes one
-// back (secretStore.restore).
+// (comma-separated) the CAs that must leave ca.crt although the mark does
+// not name them: the successors that were pending when a signing CA was
+// marked compromised (their keys were kept where the compromised CA's was:
+// next.key beside tls.key, or the same key store, so they never sign and
+// leave at once), and CAs marked compromised before the operator marked
+// another. Every replica reads this list, so none signs with one or writes
+// one back (machine.restore).
 const (
 	emergencySuccessorAnnotation = "evercert.io/compromised-successor"
 	emergencyDroppedAnnotation   = "evercert.io/compromised-dropped-successors"
@@ -184,6 +186,16 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 		certmetrics.OperatorRequest(e.name, "rotate", "handled")
 	}
 	fp := cs.ops.compromised
+	// A CA this process read marked compromised that the mark no longer
+	// names (the operator marked another before it left ca.crt) is
+	// recorded with the dropped ones: a replica that never read its mark
+	// (started since) would otherwise keep it in ca.crt and write it back
+	// after those that know drain it, for as long as both run.
+	for _, c := range cs.bundle {
+		if k := Fingerprint(c); k != fp && e.knows(k) && !slices.Contains(cs.ops.dropped, k) {
+			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), k), true
+		}
+	}
 	if fp == "" || fp == cs.ops.cHandled {
 		return changed, e.drain(cs, &changed)
 	}
@@ -443,7 +455,7 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 }
 
 func signedBy(leaf, ca *x509.Certificate) bool {
-	return leaf.CheckSignatureFrom(ca) == nil
+	return costly.signedBy(leaf, ca)
 }
 
 // currentLeafCA returns the CA that signed this replica's leaf, or nil.
@@ -454,7 +466,7 @@ func (i *issuer) currentLeafCA() *x509.Certificate {
 	if raw == nil {
 		return nil
 	}
-	c, err := x509.ParseCertificate(raw)
+	c, err := costly.parseCert(raw)
 	if err != nil {
 		return nil
 	}

@@ -53,6 +53,9 @@ type issuer struct {
 
 	// syncMu serializes check: Run and RunOnce may overlap.
 	syncMu sync.Mutex
+	// conflictSince is when the current streak of conflicting checks
+	// began; zero when the last check did not conflict. Guarded by syncMu.
+	conflictSince time.Time
 
 	mu       sync.RWMutex
 	cas      caSet // the state in force, as last read or written
@@ -284,14 +287,31 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		return m.step(in)
 	})
 	st := res.state
+	conflict := apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)
+	if !conflict {
+		i.conflictSince = time.Time{}
+	}
 	switch {
 	case err == errWaitingForStore:
 		return i.cfg.checkInterval, nil
 	case err != nil && ctx.Err() != nil:
 		return 0, ctx.Err()
-	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+	case conflict:
 		i.keepServing(now)
-		return 0, err // a busy Secret: retried with backoff, not a load error
+		// A conflict is another replica that wrote first: retried with
+		// backoff, not a load error. A streak that outlasts a check
+		// interval is one: this replica cannot get anything it decides
+		// written (a writer that keeps rewriting the Secret, a server
+		// that refuses every write), and must not sit silent in its last
+		// state.
+		if i.conflictSince.IsZero() {
+			i.conflictSince = now
+		}
+		if now.Sub(i.conflictSince) < i.cfg.checkInterval {
+			return 0, err
+		}
+		return 0, i.report.failedCheck(fmt.Errorf("%s: every read-and-write of the CA secret since %s conflicted: %w",
+			i.cfg.name, i.conflictSince.UTC().Format(time.RFC3339), err))
 	case errors.As(err, &skew):
 		i.holdForSkew(st, now, skew.reason, skew.waiting)
 		// Not a failure: looked at again every check interval, and at

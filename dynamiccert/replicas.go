@@ -581,7 +581,7 @@ func (r *replicaSet) release(parent context.Context) {
 		lease.Spec.RenewTime = &metav1.MicroTime{Time: renew}
 		lease.Spec.LeaseDurationSeconds = ptr.To(int32(releasedLeaseSeconds))
 		delete(lease.Annotations, AuthoritySignatureAnnotation)
-		err := signAnnouncement(lease, key)
+		err := costly.sign(lease, key)
 		if err == nil {
 			lease, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 		}
@@ -638,7 +638,7 @@ func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
 	delete(lease.Annotations, AuthoritySignatureAnnotation)
 	if key != nil {
-		if err := signAnnouncement(lease, key); err != nil {
+		if err := costly.sign(lease, key); err != nil {
 			return nil, err
 		}
 	}
@@ -836,7 +836,21 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	delete(r.held, l.Name)
 	delete(r.judgedVersion, l.Name)
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
-	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: seenAt, duration: duration,
+	observedAt := seenAt
+	if prev == nil && l.Spec.RenewTime != nil {
+		// First sight: when this process only now started watching, a
+		// Lease last renewed long ago would count as live for a whole
+		// duration from now. A replica that left without deleting its
+		// Lease (killed, or its delete failed) would then hold every
+		// rotation for as long as processes start more often than the
+		// duration (a Deployment rolled out every few minutes) and never
+		// age out to be collected. The renewal happened no later than
+		// renewTime plus the skew tolerance on this clock (clocks beyond
+		// the tolerance are judged by clockskew.go); a live replica renews
+		// every third of the duration, so it stays live.
+		observedAt = earliest(seenAt, l.Spec.RenewTime.Add(r.skew))
+	}
+	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[AuthorityBundleHashAnnotation]}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s

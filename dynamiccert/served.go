@@ -157,7 +157,7 @@ func parseAnnouncedLeaf(s string) *x509.Certificate {
 	if block == nil || block.Type != "CERTIFICATE" {
 		return nil
 	}
-	c, err := x509.ParseCertificate(block.Bytes)
+	c, err := costly.parseCert(block.Bytes)
 	if err != nil {
 		return nil
 	}

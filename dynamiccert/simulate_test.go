@@ -56,14 +56,16 @@ var (
 
 // The simulated schedule: a 10-minute leaf and the defaults derived from it
 // (an 80-minute CA renewed 26m40s before its end, a 5m50s propagation
-// delay), so one run of 110 simulated minutes covers a first CA, its
-// rotation and the next leaves.
+// delay), or a shorter CA (simCALifetimes) with the defaults derived from
+// that. A run lasts the CA's lifetime plus simAfterCA, so it covers a first
+// CA, its rotation, the first CA's end and the next leaves; with a 40-minute
+// CA, two rotations.
 const (
 	simLifetime  = 10 * time.Minute
 	simCheck     = time.Minute
 	simLease     = 6 * time.Minute
 	simSkew      = 30 * time.Second
-	simHorizon   = 110 * time.Minute
+	simAfterCA   = 30 * time.Minute
 	simTargetLag = 5 * time.Second
 	simNamespace = "sim"
 	simSecret    = "ca"
@@ -71,12 +73,13 @@ const (
 
 var simEpoch = time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// simConfig is the AuthorityConfig every replica runs with (completed once,
-// so the derived durations are known).
-func simConfig() AuthorityConfig {
+// simConfig is the AuthorityConfig every replica of a run with CAs of
+// caLifetime runs with (completed, so the derived durations are known): the
+// propagation delay and the CA's renewal are the defaults derived from it.
+func simConfig(caLifetime time.Duration) AuthorityConfig {
 	c := AuthorityConfig{
 		Namespace: simNamespace, SecretName: simSecret, Client: fake.NewClientset(), Hosts: []string{"sim.example"},
-		Lifetime: simLifetime, CheckInterval: simCheck, LeaseDuration: simLease, SkewTolerance: simSkew,
+		Lifetime: simLifetime, CALifetime: caLifetime, CheckInterval: simCheck, LeaseDuration: simLease, SkewTolerance: simSkew,
 		Clock: clocktesting.NewFakeClock(simEpoch),
 	}
 	if err := c.complete(); err != nil {
@@ -85,7 +88,23 @@ func simConfig() AuthorityConfig {
 	return c
 }
 
-var simCfg = simConfig()
+// simCALifetimes are the CA lifetimes a plan draws from, each with its
+// weight: the default (8 leaf lifetimes) and shorter CAs, whose runs are
+// shorter and rotate more often (a 40-minute CA: a 2m30s delay, shorter
+// than the 6-minute Lease, which stresses the rules that wait for
+// replicas). CALifetime 0 in a plan means the default.
+var simCALifetimes = []struct {
+	lifetime time.Duration
+	weight   int
+}{{0, 2}, {60 * time.Minute, 2}, {40 * time.Minute, 6}}
+
+var simConfigs = func() map[time.Duration]AuthorityConfig {
+	m := map[time.Duration]AuthorityConfig{}
+	for _, c := range simCALifetimes {
+		m[c.lifetime] = simConfig(c.lifetime)
+	}
+	return m
+}()
 
 // Bounds the invariants allow (stated in docs/architecture.md):
 var (
@@ -140,8 +159,10 @@ func (f simFault) routine() bool {
 
 // simPlan is what a seed draws: the replicas, who publishes, the faults.
 type simPlan struct {
-	Seed       int64
-	Replicas   int
+	Seed     int64
+	Replicas int
+	// CALifetime is the CA's lifetime; 0 is the default (simCALifetimes).
+	CALifetime time.Duration
 	Publishers []bool
 	Faults     []simFault
 }
@@ -154,7 +175,7 @@ func (p simPlan) String() string {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %d replicas, publishers [%s], %d faults", p.Seed, p.Replicas, strings.Join(pubs, " "), len(p.Faults))
+	fmt.Fprintf(&b, "seed %d: %d replicas, publishers [%s], %v CAs, %d faults", p.Seed, p.Replicas, strings.Join(pubs, " "), p.cfg().CALifetime, len(p.Faults))
 	for _, f := range p.Faults {
 		b.WriteString("\n    " + f.String())
 	}
@@ -200,8 +221,20 @@ func simDraw(seed int64, kinds []string) simPlan {
 	for i := range p.Publishers {
 		p.Publishers[i] = rng.Intn(2) == 0
 	}
+	total := 0
+	for _, c := range simCALifetimes {
+		total += c.weight
+	}
+	x := rng.Intn(total)
+	for _, c := range simCALifetimes {
+		if x -= c.weight; x < 0 {
+			p.CALifetime = c.lifetime
+			break
+		}
+	}
+	horizon := p.horizon()
 	for range rng.Intn(13) {
-		f := simFault{At: time.Duration(rng.Int63n(int64(simHorizon * 8 / 10))).Truncate(time.Second), Kind: kinds[rng.Intn(len(kinds))], Slot: rng.Intn(p.Replicas)}
+		f := simFault{At: time.Duration(rng.Int63n(int64(horizon * 8 / 10))).Truncate(time.Second), Kind: kinds[rng.Intn(len(kinds))], Slot: rng.Intn(p.Replicas)}
 		switch f.Kind {
 		case "kill", "stop":
 			f.Dur = time.Duration(1+rng.Intn(600)) * time.Second
@@ -239,6 +272,12 @@ func simDraw(seed int64, kinds []string) simPlan {
 	slices.SortStableFunc(p.Faults, func(a, b simFault) int { return int(a.At - b.At) })
 	return p
 }
+
+// cfg is the configuration every replica of the plan runs with.
+func (p simPlan) cfg() AuthorityConfig { return simConfigs[p.CALifetime] }
+
+// horizon is how long the plan runs: the CA's lifetime and simAfterCA.
+func (p simPlan) horizon() time.Duration { return p.cfg().CALifetime + simAfterCA }
 
 // simViolation is an invariant that failed, and when.
 type simViolation struct {
@@ -360,11 +399,18 @@ type simWorld struct {
 	first string
 	// marked: CA fingerprint -> when it was marked compromised.
 	marked map[string]time.Time
+	// begun: the CAs that signed a leaf (S2 is judged at the first).
+	begun map[string]bool
+	// publishedAt: when each successor CA first appeared in the Secret.
+	publishedAt map[string]time.Time
 	// parsed caches the Secret's signing CA by resourceVersion (ground
 	// truth for V1 and L1).
 	parsedRV   int64
 	parsedSign *x509.Certificate
 	parsedNext *x509.Certificate
+	// parsedCAs: the fingerprints of the Secret's ca.crt; nil when it
+	// does not parse.
+	parsedCAs map[string]bool
 	// gaps are the open gaps (simGaps) this run reached; gapCAs the CAs
 	// whose handshake failures they explain.
 	gaps   map[string]bool
@@ -418,13 +464,23 @@ type simProc struct {
 	// lastCheck is when the process last checked: after a pause, its
 	// first act is the check its timer owes (S1 waits for it).
 	lastCheck time.Time
-	// gracefulRestart: this process follows one of the same pod that
-	// stopped gracefully (see checkInvariants).
-	gracefulRestart bool
-	started         time.Time
-	backingOff      bool
+	// liveSince: when the process last became live (w.live) after not
+	// being live; wasLive: it was live at the last step.
+	liveSince time.Time
+	wasLive   bool
+	// samePod: this process follows one of the same pod (killed or
+	// stopped, restarted with the same identity); ownLease: at its first
+	// check it believed a Lease of its own from before (see
+	// gapSamePodRestart).
+	samePod, ownLease bool
+	started           time.Time
+	backingOff        bool
 	// delivered: the last watch delivery per object (fifo).
 	delivered map[string]time.Time
+	// held: watch deliveries that came while the process was paused, in
+	// order (hold); heldQ: their delivery is queued.
+	held  []func()
+	heldQ bool
 	wfail     bool
 	leafCA    string // fingerprint of the CA that signed the leaf served
 	leafSN    string
@@ -440,7 +496,7 @@ type simProc struct {
 func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
 	w := &simWorld{plan: plan, mutation: mutation, logf: logf, rng: rand.New(rand.NewSource(plan.Seed*7919 + 1)),
 		now: simEpoch, leases: map[string]*coordinationv1.Lease{}, unsafe: map[string]bool{}, emergency: map[string]bool{},
-		marked: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1}
+		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1}
 	for i := range plan.Replicas {
 		s := &simSlot{idx: i, publisher: plan.Publishers[i], id: fmt.Sprintf("r%d", i)}
 		w.slots = append(w.slots, s)
@@ -463,6 +519,19 @@ func (w *simWorld) fail(invariant, format string, args ...any) {
 	if w.v == nil {
 		w.v = &simViolation{Invariant: invariant, At: w.now.Sub(simEpoch), Detail: fmt.Sprintf(format, args...)}
 		w.log("VIOLATION %s", w.v.Error())
+		if w.logf != nil {
+			for _, sl := range w.slots {
+				if p := sl.proc; p != nil && w.alive(p) {
+					st := p.a.Status()
+					w.log("  r%d: phase %s, signing %s, successor %v, emergency %+v, last error %v, skew %q", sl.idx, st.Phase, st.Signing.Fingerprint, st.Successor, st.Emergency, st.LastError, st.ClockSkew)
+					r := p.a.replicas
+					r.mu.Lock()
+					prev := r.seen[r.leaseName]
+					w.log("  r%d: Leases listed %v (forbidden %v), own written %v, own Lease before this process %+v", sl.idx, r.listed, r.listForbidden, r.written != (announcement{}), prev)
+					r.mu.Unlock()
+				}
+			}
+		}
 	}
 }
 
@@ -473,7 +542,7 @@ func (w *simWorld) run() (*simViolation, simStats) {
 	for _, f := range w.plan.Faults {
 		w.at(simEpoch.Add(f.At), func() { w.inject(f) })
 	}
-	end := simEpoch.Add(simHorizon)
+	end := simEpoch.Add(w.plan.horizon())
 	sameInstant := 0
 	for w.q.Len() > 0 && w.v == nil {
 		e := heap.Pop(&w.q).(*simEvent)
@@ -514,7 +583,7 @@ func (w *simWorld) run() (*simViolation, simStats) {
 
 func (w *simWorld) start(s *simSlot) {
 	s.gen++
-	cfg := simCfg
+	cfg := w.plan.cfg()
 	cfg.Name = "sim"
 	cfg.ReplicaID = s.id
 	cfg.Clock = nil
@@ -630,11 +699,28 @@ func (w *simWorld) check(p *simProc) {
 	case <-a.kick:
 	default:
 	}
+	if !p.checked {
+		r := a.replicas
+		r.mu.Lock()
+		p.ownLease = r.seen[r.leaseName] != nil
+		r.mu.Unlock()
+	}
 	next, err := a.issuer.check(context.Background())
 	w.stats.checks++
 	p.checked, p.lastCheck = true, w.now
-	if w.logf != nil && err != nil {
+	if w.logf != nil {
+		// A replayed seed (-sim.seed) logs every check.
 		w.log("r%d check: next %v, %v", p.slot.idx, next, err)
+		{
+			st := p.a.Status()
+			w.log("   phase %s, signing %s, skew %q, successor %v, emergency %v; Secret resourceVersion %d, cached %s", st.Phase, short(st.Signing.Fingerprint), st.ClockSkew, st.Successor, st.Emergency, w.parsedRV, func() string {
+				o, ok, _ := p.store.GetByKey(simNamespace + "/" + simSecret)
+				if !ok {
+					return "none"
+				}
+				return o.(*corev1.Secret).ResourceVersion
+			}())
+		}
 	}
 	wait, backingOff := p.retry.after(next, err, simCheck, a.successorWaits())
 	// While it backs off, notifications wait for the backoff (issuer.run).
@@ -676,6 +762,9 @@ func (w *simWorld) afterCheck(p *simProc) {
 		}
 		if ca != p.leafCA {
 			w.log("r%d signs with %s", p.slot.idx, short(ca))
+			if w.logf != nil && leaf != nil {
+				w.log("  r%d: still pending for it: %v", p.slot.idx, p.a.issuer.pending(&x509.Certificate{Raw: leafCA}))
+			}
 		}
 		p.leafCA = ca
 		w.checkIssued(p, ca)
@@ -814,6 +903,30 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 	}
 }
 
+// hold keeps a watch delivery to paused p for when it runs again: the
+// deliveries held wait in the order they came, as a watch's do, however
+// often the pause is extended.
+func (w *simWorld) hold(p *simProc, deliver func()) {
+	p.held = append(p.held, deliver)
+	if p.heldQ {
+		return
+	}
+	p.heldQ = true
+	var flush func()
+	flush = func() {
+		if w.paused(p) {
+			w.at(p.slot.pausedUntil, flush)
+			return
+		}
+		held := p.held
+		p.held, p.heldQ = nil, false
+		for _, d := range held {
+			d()
+		}
+	}
+	w.at(p.slot.pausedUntil, flush)
+}
+
 // fifo returns when a watch event for key reaches p: at t, but never before
 // the previous one for the same object (a watch delivers in order).
 func (w *simWorld) fifo(p *simProc, key string, t time.Time) time.Time {
@@ -832,7 +945,7 @@ func (w *simWorld) deliverSecret(p *simProc, s *corev1.Secret) {
 		return
 	}
 	if w.paused(p) {
-		w.at(p.slot.pausedUntil, func() { w.deliverSecret(p, s) })
+		w.hold(p, func() { w.deliverSecret(p, s) })
 		return
 	}
 	if w.now.Before(p.slot.silentUntil) {
@@ -924,7 +1037,7 @@ func (w *simWorld) deliverLease(p *simProc, l *coordinationv1.Lease, gone bool) 
 		return
 	}
 	if w.paused(p) {
-		w.at(p.slot.pausedUntil, func() { w.deliverLease(p, l, gone) })
+		w.hold(p, func() { w.deliverLease(p, l, gone) })
 		return
 	}
 	p.setClock(w)
@@ -1049,7 +1162,7 @@ func (w *simWorld) inject(f simFault) {
 	if !f.routine() {
 		end := w.now.Add(f.Dur)
 		if f.Kind == "kill" {
-			end = end.Add(simCfg.PropagationDelay)
+			end = end.Add(w.plan.cfg().PropagationDelay)
 		}
 		if end.After(w.quietSince) {
 			w.quietSince = end
@@ -1078,7 +1191,7 @@ func (w *simWorld) inject(f simFault) {
 				w.newPod(s)
 			}
 			w.start(s)
-			s.proc.gracefulRestart = f.Kind == "stop" && f.Arg != "new-id"
+			s.proc.samePod = f.Arg != "new-id"
 		})
 	case "rollout":
 		n := 1
@@ -1102,7 +1215,9 @@ func (w *simWorld) inject(f simFault) {
 			}
 		}
 	case "pause":
-		s.pausedUntil = w.now.Add(f.Dur)
+		// Overlapping pauses make one: the process runs again when the
+		// last ends (its deferred acts are queued for then).
+		s.pausedUntil = latest(s.pausedUntil, w.now.Add(f.Dur))
 	case "clock":
 		d, _ := time.ParseDuration(f.Arg)
 		s.offset += d
@@ -1221,7 +1336,8 @@ type simCA struct{ certPEM, keyPEM []byte }
 
 func (w *simWorld) foreignCA() simCA {
 	if w.foreign == nil {
-		r := rotation{name: "foreign", caKeyType: caKeyType(simCfg.KeyTypes).pki(), caLifetime: simCfg.CALifetime, skew: simSkew}
+		cfg := w.plan.cfg()
+		r := rotation{name: "foreign", caKeyType: caKeyType(cfg.KeyTypes).pki(), caLifetime: cfg.CALifetime, skew: simSkew}
 		ca, err := r.newCA(w.now)
 		if err != nil {
 			panic(err)
@@ -1238,20 +1354,27 @@ func (w *simWorld) foreignCA() simCA {
 // parse reads the Secret's signing CA and successor (ground truth).
 func (w *simWorld) parse() {
 	if w.secret == nil {
-		w.parsedRV, w.parsedSign, w.parsedNext = -1, nil, nil
+		w.parsedRV, w.parsedSign, w.parsedNext, w.parsedCAs = -1, nil, nil, nil
 		return
 	}
 	if w.parsedRV == w.rvOf(w.secret) {
 		return
 	}
 	w.parsedRV = w.rvOf(w.secret)
-	w.parsedSign, w.parsedNext = nil, nil
+	w.parsedSign, w.parsedNext, w.parsedCAs = nil, nil, nil
 	if st, err := parseAuthoritySecret(w.secret); err == nil {
+		w.parsedCAs = map[string]bool{}
+		for _, c := range st.bundle {
+			w.parsedCAs[Fingerprint(c)] = true
+		}
 		if st.signing != nil {
 			w.parsedSign = st.signing.Cert
 		}
 		if st.next != nil {
 			w.parsedNext = st.next.Cert
+			if fp := Fingerprint(st.next.Cert); w.publishedAt[fp].IsZero() {
+				w.publishedAt[fp] = w.now
+			}
 		}
 	}
 }
@@ -1265,9 +1388,15 @@ func (w *simWorld) rvOf(s *corev1.Secret) int64 {
 // ---- invariants -------------------------------------------------------
 
 // live reports whether p is a live replica as its peers count them: running,
-// not paused, with a Lease renewed within its duration.
+// not paused, with a Lease renewed within its duration, announcing a leaf
+// of a CA that is still in the Secret (peers believe no other: a replica
+// back from a long pause with a leaf of a CA drained meanwhile is not
+// waited for until it re-issues).
 func (w *simWorld) live(p *simProc) bool {
 	if p == nil || !w.alive(p) || w.paused(p) || !p.checked {
+		return false
+	}
+	if w.parsedCAs != nil && p.leafCA != "" && !w.parsedCAs[p.leafCA] {
 		return false
 	}
 	l := w.leases[p.a.replicas.leaseName]
@@ -1285,15 +1414,19 @@ func (w *simWorld) ready(p *simProc) bool {
 	return RotationCheck(p.a).Check(nil) == nil
 }
 
-// checkIssued is S2 and S3 at the moment p issued a leaf signed by ca.
+// checkIssued is S2 and S3 at the moment p issued a leaf signed by ca. S2
+// is judged when ca begins to sign, at its first leaf: a replica that was
+// down while ca was promoted (not waited for, by design) and is back with
+// its bundle not yet refreshed does not make later leaves of ca wrong.
 func (w *simWorld) checkIssued(p *simProc, ca string) {
 	if p.a.emerg.knows(ca) {
 		w.fail("S3", "r%d issued a leaf signed by CA %s after it read the mark that CA is compromised", p.slot.idx, short(ca))
 		return
 	}
-	if ca == w.first || w.unsafe[ca] || w.gapCAs[ca] {
+	if ca == w.first || w.unsafe[ca] || w.gapCAs[ca] || w.begun[ca] {
 		return
 	}
+	w.begun[ca] = true
 	if n := len(w.target); n > 0 && !w.target[n-1].fps[ca] {
 		if !w.livePublisher() {
 			// Known and open (issue 27 §4): when every replica that
@@ -1310,6 +1443,13 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 	for _, s := range w.slots {
 		q := s.proc
 		if q == nil || q == p || !w.live(q) {
+			continue
+		}
+		if at, ok := w.publishedAt[ca]; ok && q.liveSince.After(at) {
+			// Back (from a pause, a cut-off) after ca was published: the
+			// signer waits for it only once the watch shows it live, and
+			// ca may sign meanwhile; it catches up (CatchingUp) and is
+			// not ready until ca has been in its bundle for the delay.
 			continue
 		}
 		if !simFingerprints(q.a.CurrentCABundleContent())[ca] {
@@ -1351,6 +1491,12 @@ func (w *simWorld) checkInvariants() {
 			continue
 		}
 		anyAlive = true
+		if l := w.live(p); l != p.wasLive {
+			p.wasLive = l
+			if l {
+				p.liveSince = w.now
+			}
+		}
 		// V1: a replica whose view of the Secret is behind (it has not
 		// read the current resourceVersion) or whose state in force is not
 		// the Secret's says so within simVisible.
@@ -1379,6 +1525,13 @@ func (w *simWorld) checkInvariants() {
 			return
 		}
 		ca := p.leafCA
+		if _, compromised := w.marked[ca]; compromised {
+			// The emergency's intent: clients stop trusting a CA marked
+			// compromised. A replica cut off from the API (it cannot read
+			// the mark, its Lease ages out, its peers drain without it)
+			// serves it until it reads again; S3 bounds that.
+			continue
+		}
 		if ca == w.first || w.unsafe[ca] || w.emergency[ca] || w.gapCAs[ca] {
 			continue
 		}
@@ -1402,16 +1555,12 @@ func (w *simWorld) checkInvariants() {
 			// Up to the delay less the skew tolerance: each replica counts
 			// the delay on its own clock, and a clock that steps forward
 			// within the tolerance while it runs shortens it by as much.
-			maxLag := simCfg.PropagationDelay - simSkew
+			maxLag := w.plan.cfg().PropagationDelay - simSkew
 			for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
 				if t := trustAt(o.file, w.now, lag); t != nil && !t[ca] && o == s {
-					if p.gracefulRestart {
-						// Known and open: a container stopped gracefully
-						// and restarted in the same pod deleted its Lease,
-						// so it looks like a new pod and announces at
-						// once, but the pod's bundle file kept what the
-						// old process wrote (replicaSet.consumersMayLack).
-						w.gaps[gapGracefulRestart] = true
+					if p.samePod && !p.ownLease {
+						// Known and open: see gapSamePodRestart.
+						w.gaps[gapSamePodRestart] = true
 						continue
 					}
 					w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", o.idx, lag, short(ca), s.idx)
@@ -1454,9 +1603,9 @@ func (w *simWorld) checkInvariants() {
 		return
 	}
 	if w.parsedSign != nil && w.secret != nil {
-		due := w.parsedSign.NotAfter.Add(-simCfg.CARenewBefore)
+		due := w.parsedSign.NotAfter.Add(-w.plan.cfg().CARenewBefore)
 		from := latest(due, w.quietSince)
-		if anyAlive && w.now.Sub(from) >= simCfg.PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
+		if anyAlive && w.now.Sub(from) >= w.plan.cfg().PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
 			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
 		}
@@ -1728,10 +1877,14 @@ const (
 	// gapLateConfirmation: a successor whose observers confirm only after
 	// its delay signs at once; the target's own clients take a moment more.
 	gapLateConfirmation = "late confirmation signs at once"
-	// gapGracefulRestart: a container stopped gracefully and restarted in
-	// the same pod deleted its Lease, looks like a new pod and announces at
-	// once; the pod's bundle file kept the old content.
-	gapGracefulRestart = "graceful restart in the same pod"
+	// gapSamePodRestart: a container restarted in the same pod that finds
+	// no believed Lease of its own looks like a new pod and signs with the
+	// CA in force at once (replicaSet.consumersMayLack), while the pod's
+	// bundle file kept what the old process wrote. Its Lease is gone when
+	// it stopped gracefully (the stop deletes it), or when it was down so
+	// long that a peer collected it or its leaf's CA left the Secret.
+	// Reading the bundle file at start would answer it.
+	gapSamePodRestart = "restart in the same pod without its Lease"
 	// gapLostState: the Secret deleted while no replica runs: the first
 	// replica back makes a new CA, which signs at once and is not counted
 	// as unsafe although the targets trust the lost one.
@@ -1747,4 +1900,4 @@ const (
 	gapClockBehindAtEnd = "clock behind at a CA's end"
 )
 
-var simGaps = []string{gapPublisherDown, gapLateConfirmation, gapGracefulRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
+var simGaps = []string{gapPublisherDown, gapLateConfirmation, gapSamePodRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
