@@ -479,13 +479,13 @@ type simProc struct {
 	delivered map[string]time.Time
 	// held: watch deliveries that came while the process was paused, in
 	// order (hold); heldQ: their delivery is queued.
-	held  []func()
-	heldQ bool
-	wfail     bool
-	leafCA    string // fingerprint of the CA that signed the leaf served
-	leafSN    string
-	unsafe    int
-	checked   bool
+	held    []func()
+	heldQ   bool
+	wfail   bool
+	leafCA  string // fingerprint of the CA that signed the leaf served
+	leafSN  string
+	unsafe  int
+	checked bool
 	// knownRV is the Secret's resourceVersion this process last saw, and
 	// since when the API has held another one (V1).
 	knownRV    string
