@@ -26,6 +26,7 @@ import (
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/secretwatch"
 )
 
 // Keys and annotations the Authority keeps in its CA Secret besides the
@@ -275,18 +276,18 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 	if err := cfg.complete(); err != nil {
 		return nil, fmt.Errorf("authority %s/%s: %w", cfg.Namespace, cfg.SecretName, err)
 	}
-	src, err := newSecretSource(SecretConfig{
+	src, err := secretwatch.New(secretwatch.Config{
 		Name: cfg.Name, Namespace: cfg.Namespace, SecretName: cfg.SecretName,
 		Client: cfg.Client, Clock: cfg.Clock, EventRecorder: cfg.EventRecorder, EventObject: cfg.EventObject,
 	})
 	if err != nil {
 		return nil, err
 	}
-	cfg.EventObject = src.cfg.EventObject // the Secret by default
+	cfg.EventObject = src.Config.EventObject // the Secret by default
 	keys := newCAKeys(cfg.CAKeys, cfg.CAKeyTimeout, cfg.Clock)
 	secretRef := &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
-		repair: &secretRepair{name: cfg.Name, key: src.key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
+		repair: &secretRepair{name: cfg.Name, key: src.Key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
@@ -312,9 +313,9 @@ func NewAuthority(cfg AuthorityConfig) (*Authority, error) {
 		store.reads.apiFailing = a.replicas.writeFailing.Load
 		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
 	}
-	src.process = func(secret *corev1.Secret) error {
+	src.Process = func(secret *corev1.Secret) error {
 		store.reads.observed(secret)
-		src.report.succeeded() // an event arrived: the watch works
+		src.Report.Succeeded() // an event arrived: the watch works
 		a.Enqueue()
 		return nil
 	}
@@ -416,7 +417,7 @@ var errWaitingForStore = errors.New("waiting for the CA state to be created")
 // or rolled back.
 type secretStore struct {
 	cfg       *AuthorityConfig
-	src       *secretSource
+	src       *secretwatch.Source
 	keys      *caKeys      // nil: CA keys are PEM in the Secret
 	reads     *secretReads // the watch's cache, or a GET (see secretReads)
 	waiting   errlog.Once  // logs the wait for a pre-created Secret once
@@ -428,10 +429,10 @@ type secretStore struct {
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
-	// The watch kicks the issuer (src.process) and is the cache update
+	// The watch kicks the issuer (src.Process) and is the cache update
 	// reads from; it falls back to a GET when the cache may be stale (see
 	// secretReads).
-	s.src.run(ctx)
+	s.src.Run(ctx)
 }
 
 func (s *secretStore) update(ctx context.Context, now time.Time, step func(stepInput) (stepResult, error)) (stepResult, error) {
@@ -461,7 +462,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	exists := err == nil
 	switch {
 	case apierrors.IsNotFound(err) && s.cfg.DisableCreate && s.last == nil:
-		s.waiting.Info(klog.Background(), "waiting: secret missing", "Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.key)
+		s.waiting.Info(klog.Background(), "waiting: secret missing", "Waiting for the CA secret to be created", "provider", s.cfg.Name, "secret", s.src.Key)
 		return stepResult{}, errWaitingForStore
 	case apierrors.IsNotFound(err):
 		secret = &corev1.Secret{
@@ -471,7 +472,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	case err != nil && ctx.Err() != nil:
 		return stepResult{}, ctx.Err()
 	case err != nil:
-		return stepResult{}, fmt.Errorf("reading CA secret %s: %w", s.src.key, describeAPIError(err, readVerbs))
+		return stepResult{}, fmt.Errorf("reading CA secret %s: %w", s.src.Key, secretwatch.DescribeAPIError(err, secretwatch.ReadVerbs))
 	}
 	st, convert, err := parseSecretLayout(secret, s.cfg.Adopt)
 	// repairs say what a hand edit broke and this replica writes back
@@ -493,11 +494,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			s.repair.setReason("")
 			return stepResult{}, errWaitingForStore
 		}
-		return stepResult{}, fmt.Errorf("CA secret %s: %w", s.src.key, err)
+		return stepResult{}, fmt.Errorf("CA secret %s: %w", s.src.Key, err)
 	}
 	st.ops = parseOperatorRequests(secret)
 	if convert {
-		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.key, "layout", string(s.cfg.Adopt))
+		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
 	var unrepairable *unrepairableError
@@ -506,7 +507,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		return stepResult{}, errWaitingForStore
 	}
 	if err != nil {
-		return res, fmt.Errorf("CA secret %s: %w", s.src.key, err)
+		return res, fmt.Errorf("CA secret %s: %w", s.src.Key, err)
 	}
 	if res.skew != nil {
 		// This clock is the suspect: nothing is restored, decided or
@@ -554,14 +555,14 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			if !exists {
 				verbs = "create on secrets in the namespace, or pre-create the Secret and set DisableCreate"
 			}
-			return stepResult{}, fmt.Errorf("writing CA secret %s: %w", s.src.key, describeAPIError(err, verbs))
+			return stepResult{}, fmt.Errorf("writing CA secret %s: %w", s.src.Key, secretwatch.DescribeAPIError(err, verbs))
 		}
 		s.lastWrite = secret.ResourceVersion
 		s.reads.wrote(secret)
 		if len(res.repairs) > 0 {
 			s.repair.repaired(asRead, strings.Join(res.repairs, "; "))
 		}
-		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.key, "resourceVersion", secret.ResourceVersion,
+		klog.FromContext(ctx).V(2).Info("Wrote CA secret", "provider", s.cfg.Name, "secret", s.src.Key, "resourceVersion", secret.ResourceVersion,
 			"signingSerial", serial(st.signing.Cert), "bundleSize", len(st.bundle), "restored", res.restored, "adopted", convert)
 	}
 	last := st.clone()

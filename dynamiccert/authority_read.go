@@ -10,10 +10,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/evercert/evercert/internal/secretwatch"
 )
 
 // secretReads decides where an Authority's check reads its CA Secret from:
-// the watch it runs anyway (secretSource.run, restricted to the one Secret
+// the watch it runs anyway (secretwatch.Source.Run, restricted to the one Secret
 // by a field selector), or a GET. At rest a check costs the API server
 // nothing (issue 22: nothing is polled that a watch already delivers); a
 // GET is sent only when the cache cannot be trusted to be current:
@@ -53,11 +55,11 @@ import (
 // concurrent use: the watch calls observed, the checks (serialized by
 // issuer.syncMu) the rest.
 type secretReads struct {
-	src *secretSource
+	src *secretwatch.Source
 	// apiFailing, when set, reports that other requests of this replica
 	// fail (the Lease writer's).
 	apiFailing func() bool
-	// maxAge bounds how long ago, on src.cfg.Clock, the cache may have
+	// maxAge bounds how long ago, on src.Config.Clock, the cache may have
 	// been shown current for a check to use it (see secretReadsMaxAge).
 	maxAge time.Duration
 
@@ -92,7 +94,7 @@ func secretReadsMaxAge(checkInterval time.Duration) time.Duration {
 	return max(checkInterval, minSecretCacheAge)
 }
 
-func newSecretReads(src *secretSource, checkInterval time.Duration) *secretReads {
+func newSecretReads(src *secretwatch.Source, checkInterval time.Duration) *secretReads {
 	return &secretReads{src: src, maxAge: secretReadsMaxAge(checkInterval)}
 }
 
@@ -139,7 +141,7 @@ func (r *secretReads) failed() {
 // when it is current, else with a GET; the error is the GET's (NotFound
 // when the cache holds no such Secret). The Secret is the caller's.
 func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
-	now := r.src.cfg.Clock.Now()
+	now := r.src.Config.Clock.Now()
 	r.mu.Lock()
 	if r.fresh.IsZero() {
 		r.fresh = now // the bound starts with the first read
@@ -152,7 +154,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		}
 		return cached.DeepCopy(), nil
 	}
-	secret, err := r.src.cfg.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	secret, err := r.src.Config.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -169,7 +171,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		}
 	default:
 		r.mustGet = true
-		if last := latest(r.fresh, r.src.deliveredAt()); now.Sub(last) >= r.maxAge && ctx.Err() == nil {
+		if last := latest(r.fresh, r.src.DeliveredAt()); now.Sub(last) >= r.maxAge && ctx.Err() == nil {
 			err = &unconfirmedReadError{err: err, maxAge: r.maxAge}
 		}
 	}
@@ -187,11 +189,11 @@ func latest(a, b time.Time) time.Time {
 // cache has synced, and whether the cache may be used at now; cached is
 // set whenever the cache holds one.
 func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *corev1.Secret, inCache, synced, ok bool) {
-	view := r.src.view.Load()
-	if view == nil || !view.synced() {
+	view := r.src.Cache.Load()
+	if view == nil || !view.Synced() {
 		return nil, false, false, false
 	}
-	obj, inCache, err := view.store.GetByKey(namespace + "/" + name)
+	obj, inCache, err := view.Store.GetByKey(namespace + "/" + name)
 	if err != nil {
 		return nil, false, false, false
 	}
@@ -203,8 +205,8 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 	r.mu.Lock()
 	// The watch (or a GET) showed the cache current within maxAge: an open
 	// watch that delivers nothing must not be trusted for longer.
-	current := now.Sub(latest(r.confirmed, r.src.deliveredAt())) < r.maxAge
-	use := current && !r.mustGet && !r.src.watchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
+	current := now.Sub(latest(r.confirmed, r.src.DeliveredAt())) < r.maxAge
+	use := current && !r.mustGet && !r.src.WatchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
 	if use && r.awaiting {
 		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV {
 			r.awaiting = false

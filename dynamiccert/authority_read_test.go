@@ -208,7 +208,7 @@ func TestQuietWatchWithBookmarksCostsNoGet(t *testing.T) {
 			for range minutes {
 				if bookmarks {
 					watches.bookmark()
-					waitFor(t, "the bookmark", func() bool { return !w.a.store.src.deliveredAt().Before(clk.Now()) })
+					waitFor(t, "the bookmark", func() bool { return !w.a.store.src.DeliveredAt().Before(clk.Now()) })
 				}
 				clk.Step(time.Minute)
 				waitBlocked(t, clk)

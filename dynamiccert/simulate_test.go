@@ -41,6 +41,7 @@ import (
 
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/secretwatch"
 )
 
 var (
@@ -543,13 +544,13 @@ func (w *simWorld) start(s *simSlot) {
 	}
 	// The Secret's watch: its cache is what the simulator delivers.
 	p.store = cache.NewStore(cache.MetaNamespaceKeyFunc)
-	a.store.src.view.Store(&secretView{store: p.store, synced: func() bool { return true }})
+	a.store.src.Cache.Store(&secretwatch.View{Store: p.store, Synced: func() bool { return true }})
 	if w.secret != nil {
 		_ = p.store.Add(w.secret.DeepCopy())
 		p.knownRV = w.secret.ResourceVersion
 	}
 	p.setClock(w)
-	a.store.src.markDelivered()
+	a.store.src.MarkDelivered()
 	a.replicas.woke()
 	s.proc = p
 	w.log("r%d starts as %s", s.idx, s.id)
@@ -616,7 +617,7 @@ func (w *simWorld) bookmarks(p *simProc) {
 		}
 		if !w.paused(p) && !w.now.Before(p.slot.silentUntil) {
 			p.setClock(w)
-			p.a.store.src.markDelivered()
+			p.a.store.src.MarkDelivered()
 		}
 		w.bookmarks(p)
 	})
@@ -844,8 +845,8 @@ func (w *simWorld) deliverSecret(p *simProc, s *corev1.Secret) {
 	} else {
 		_ = p.store.Update(s)
 	}
-	p.a.store.src.markDelivered()
-	_ = p.a.store.src.handle(s)
+	p.a.store.src.MarkDelivered()
+	_ = p.a.store.src.Handle(s)
 	w.kicked(p)
 }
 
