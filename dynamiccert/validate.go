@@ -106,20 +106,3 @@ func ValidateHosts(field string, hosts []string) error {
 // rotation schedule adds to it; a longer one used to overflow into a
 // negative CA lifetime ("lifetimes must be positive").
 const MaxLifetime = 200 * 365 * 24 * time.Hour
-
-// checkLifetimes refuses a Lifetime or CALifetime beyond MaxLifetime, and
-// a Lifetime whose default CA lifetime (caFactor × Lifetime, used when
-// caLifetime is 0) would be, naming the fields and the limit. It runs
-// before the defaults are computed, so nothing overflows.
-func checkLifetimes(lifetime, caLifetime time.Duration, caFactor int64) error {
-	switch {
-	case lifetime > MaxLifetime:
-		return fmt.Errorf("the Lifetime %v must be at most %v (MaxLifetime)", lifetime, MaxLifetime)
-	case caLifetime > MaxLifetime:
-		return fmt.Errorf("the CALifetime %v must be at most %v (MaxLifetime)", caLifetime, MaxLifetime)
-	case caLifetime == 0 && lifetime > MaxLifetime/time.Duration(caFactor):
-		return fmt.Errorf("the Lifetime %v must be at most %v while CALifetime is left to its default, %d × Lifetime, which must be at most %v (MaxLifetime); set CALifetime to allow a longer Lifetime",
-			lifetime, MaxLifetime/time.Duration(caFactor), caFactor, MaxLifetime)
-	}
-	return nil
-}

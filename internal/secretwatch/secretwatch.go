@@ -7,6 +7,8 @@
 // that cache current (DeliveredAt), so a reader can tell a quiet watch from
 // a wedged one. With Rereads it also re-reads the Secret with a GET every
 // Resync.
+//
+// See docs/architecture.md for how the packages fit together.
 package secretwatch
 
 import (
