@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/sni"
@@ -21,7 +22,7 @@ import (
 // example/webhook runs the same wiring against a real kube-apiserver
 // (test/e2e).
 func serveWebhook(ctx context.Context, kubeClient kubernetes.Interface, handler http.Handler) error {
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	authority, err := authority.New(authority.Config{
 		Namespace: "my-ns", SecretName: "my-webhook-ca", Client: kubeClient,
 		Hosts: []string{"my-webhook.my-ns.svc"},
 	})

@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -15,7 +15,7 @@ import (
 // read back from the API server (what a list or watch returned, not what
 // was sent), so that Observed only reads a cache.
 
-var _ dynamiccert.Observer = (*Publisher)(nil)
+var _ authority.Observer = (*Publisher)(nil)
 var _ dynamiccertificates.Notifier = (*Publisher)(nil)
 
 // objectReadBack is what the fields one target selects in one object held
@@ -54,7 +54,7 @@ func (p *Publisher) Observed(ca *x509.Certificate) bool {
 	if ca == nil {
 		return false
 	}
-	fp := dynamiccert.Fingerprint(ca)
+	fp := authority.Fingerprint(ca)
 	p.obsMu.RLock()
 	defer p.obsMu.RUnlock()
 	for _, t := range p.targets {
@@ -78,7 +78,7 @@ func (p *Publisher) Observed(ca *x509.Certificate) bool {
 func (p *Publisher) Pending(ca *x509.Certificate) []string {
 	var fp string
 	if ca != nil {
-		fp = dynamiccert.Fingerprint(ca)
+		fp = authority.Fingerprint(ca)
 	}
 	var out []string
 	p.obsMu.RLock()
@@ -142,7 +142,7 @@ func heldByAll(fields []string) map[string]bool {
 			set = make(map[string]bool)
 			if certs, err := pki.ParseCABundle([]byte(f)); err == nil {
 				for _, c := range certs {
-					set[dynamiccert.Fingerprint(c)] = true
+					set[authority.Fingerprint(c)] = true
 				}
 			}
 			parsed[f] = set

@@ -20,7 +20,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -144,7 +144,7 @@ func TestObservedFollowsReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var obs dynamiccert.Observer = p
+	var obs authority.Observer = p
 	if obs.Name() != "webhook-cabundle" || p.HealthCheck().Name() != "webhook-cabundle" {
 		t.Errorf("names %q, %q, want PublisherConfig.Name", obs.Name(), p.HealthCheck().Name())
 	}

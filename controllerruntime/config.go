@@ -8,8 +8,8 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 )
 
 // CheckName is the name under which Add registers its health and ready
@@ -57,7 +57,7 @@ type Config struct {
 	// variable POD_NAME, dynamiccert.PodNameEnv: set it from the downward
 	// API, so a restarted process keeps its replica's Lease) when they are
 	// unset. Ignored when Source is set.
-	Authority dynamiccert.AuthorityConfig
+	Authority authority.Config
 	// Source replaces the Authority with another serving provider.
 	Source ServingSource
 	// CABundle is what the targets receive. Default the Authority's ca.crt;

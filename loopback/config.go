@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -19,7 +20,7 @@ const (
 	// no room for scheduling delays between renewal and expiry; X.509
 	// cannot express them, and the leaf is re-issued at most once per
 	// dynamiccert.MinReissueInterval.
-	MinValidity = dynamiccert.MinLifetime
+	MinValidity = authority.MinLifetime
 )
 
 // CertificateConfig configures a loopback Certificate. The zero value is

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/options"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // DefaultServingName is the provider name of the self-signed serving
@@ -185,10 +185,10 @@ func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.Recommen
 			return nil, fmt.Errorf("loopback certificate: %w", err)
 		}
 		applied.Loopback, applied.Serving = cert, info.Cert
-		if r, ok := info.Cert.(dynamiccert.RotationReporter); ok {
+		if r, ok := info.Cert.(authority.RotationReporter); ok {
 			// A stalled CA rotation waits for an observer; a restart does not
 			// help, so it is no liveness check.
-			check := dynamiccert.RotationCheck(r)
+			check := authority.RotationCheck(r)
 			cfg.AddHealthzChecks(check)
 			cfg.AddReadyzChecks(check)
 		}
@@ -270,7 +270,7 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 	if info.Cert != nil {
 		return nil // certificate files or GeneratedCert
 	}
-	hosts := slices.Clone(dynamiccert.DefaultSelfSignedHosts)
+	hosts := slices.Clone(authority.DefaultSelfSignedHosts)
 	if ip := bindIP(info, ss); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
 		hosts = append(hosts, ip.String())
 	}
@@ -279,7 +279,7 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 		hosts = append(hosts, ip.String())
 	}
 	hosts = uniqueInOrder(hosts) // DefaultSelfSignedHosts first, then in the order given
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name:  DefaultServingName,
 		Hosts: hosts,
 		Clock: opts.Loopback.Clock,

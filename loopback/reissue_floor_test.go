@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/clocktest"
 	"github.com/evercert/evercert/loopback"
 )
@@ -65,7 +65,7 @@ func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	go func() { defer close(done); c.Run(ctx, 1) }()
 	defer func() { cancel(); <-done }()
 
-	bound := func() int { return int(clk.Now().Sub(start)/dynamiccert.MinReissueInterval) + 1 }
+	bound := func() int { return int(clk.Now().Sub(start)/authority.MinReissueInterval) + 1 }
 	settle := func() {
 		deadline := time.Now().Add(30 * time.Second)
 		for !clk.HasWaiters() {

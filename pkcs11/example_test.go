@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/pkcs11"
 )
 
@@ -23,7 +23,7 @@ func ExampleKeySource() {
 		log.Fatal(err)
 	}
 	defer keys.Close()
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	authority, err := authority.New(authority.Config{
 		Namespace: "webhooks", SecretName: "webhook-ca", Client: client,
 		Hosts:  []string{"webhook.webhooks.svc"},
 		CAKeys: keys,

@@ -18,6 +18,7 @@ import (
 	"github.com/ThalesGroup/crypto11"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 )
@@ -128,7 +129,7 @@ func moduleFor(path string) *module {
 	return m
 }
 
-var _ dynamiccert.CAKeySource = &KeySource{}
+var _ authority.CAKeySource = &KeySource{}
 
 // New validates cfg; it does not open the token.
 func New(cfg Config) (*KeySource, error) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -42,7 +43,7 @@ func TestKeySourceMakesAndFindsKeys(t *testing.T) {
 	}
 	// Deleting (dynamiccert.CAKeyDeleter, for keys made for a lost Secret
 	// write): gone for every source on the token; deleting again is fine.
-	var _ dynamiccert.CAKeyDeleter = ks
+	var _ authority.CAKeyDeleter = ks
 	if err := ks.DeleteKey(ctx, ref); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // Limits the PodCertificateRequest API enforces on an issued certificate.
@@ -53,12 +53,12 @@ type LeafSigner interface {
 	// SignLeaf signs a key held elsewhere; errors wrapping
 	// dynamiccert.ErrNoSigningCA and *dynamiccert.CAEndsTooSoonError mean
 	// "not now".
-	SignLeaf(dynamiccert.LeafRequest) (*dynamiccert.SignedLeaf, error)
+	SignLeaf(authority.LeafRequest) (*authority.SignedLeaf, error)
 	// AddListener registers a listener told when the signing CA changes.
 	AddListener(dynamiccertificates.Listener)
 }
 
-var _ LeafSigner = &dynamiccert.Authority{}
+var _ LeafSigner = &authority.Authority{}
 
 // SignerConfig configures a Signer. Fields marked required have no default;
 // the others may be left zero.

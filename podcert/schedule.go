@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // ErrCANeverCoversMinLifetime is wrapped by NewSigner's error when the CA's
@@ -22,7 +22,7 @@ type CASchedule struct {
 
 // scheduleReporter is implemented by *dynamiccert.Authority.
 type scheduleReporter interface {
-	Config() dynamiccert.AuthorityConfig
+	Config() authority.Config
 }
 
 // caSchedule returns ca's schedule, if it reports one.

@@ -15,7 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
@@ -51,7 +51,7 @@ type bundleFileWriter struct {
 }
 
 var (
-	_ dynamiccert.Observer         = &bundleFileWriter{}
+	_ authority.Observer           = &bundleFileWriter{}
 	_ dynamiccertificates.Notifier = &bundleFileWriter{}
 	_ dynamiccertificates.Listener = &bundleFileWriter{}
 )
@@ -71,7 +71,7 @@ func (w *bundleFileWriter) Name() string { return "ca-bundle-file" }
 func (w *bundleFileWriter) Observed(ca *x509.Certificate) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return dynamiccert.BundleHolds(w.written, ca)
+	return authority.BundleHolds(w.written, ca)
 }
 
 // AddListener implements dynamiccertificates.Notifier: l is told after

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
@@ -106,8 +107,8 @@ func TestSoakSimulatedYears(t *testing.T) {
 	clk := sim.view("clients", 0, false) // read only: the clients' and the controller's time
 	var activity atomic.Int64
 
-	selfSigned := func(name, host string, lifetime time.Duration) *dynamiccert.SelfSigned {
-		p, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: sim.view(name, 0, true)})
+	selfSigned := func(name, host string, lifetime time.Duration) *authority.SelfSigned {
+		p, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: sim.view(name, 0, true)})
 		require.NoError(t, err)
 		return p
 	}
@@ -115,7 +116,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 	short := selfSigned("soak-short", "short.test", 36*time.Hour)
 	daily := selfSigned("soak-daily", "daily.test", 30*time.Hour)
 	api := newFakeAPI()
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	authority, err := authority.New(authority.Config{
 		Name: "soak-authority", Namespace: "ns", SecretName: "ca", Client: api.cs,
 		Hosts: []string{"webhook.test"}, Lifetime: 4 * day, Clock: sim.view("soak-authority", 0, true),
 	})
