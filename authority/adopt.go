@@ -12,7 +12,7 @@ import (
 )
 
 // SecretLayout names the layout of a CA Secret written by another rotator,
-// which an Authority adopts in place (AuthorityConfig.Adopt): the Secret
+// which an Authority adopts in place (Config.Adopt): the Secret
 // keeps its name, the CA that clients trust today stays in ca.crt, and the
 // Authority rewrites the Secret in its own layout, with an Update carrying
 // the resourceVersion it read (a conflict is re-read, never overwritten).

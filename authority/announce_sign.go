@@ -28,9 +28,9 @@ import (
 	"github.com/evercert/evercert/internal/certmetrics"
 )
 
-// AuthoritySignatureAnnotation is the signature (standard base64) of a
+// SignatureAnnotation is the signature (standard base64) of a
 // replica's Lease announcement, made with the private key of the leaf the
-// replica serves and announces in AuthorityLeafAnnotation. It covers the
+// replica serves and announces in LeafAnnotation. It covers the
 // namespace, the Lease's name, the Authority label, holderIdentity,
 // leaseDurationSeconds, renewTime and every announcement annotation (see
 // announcementMessage). Other replicas believe an announcement only when
@@ -81,7 +81,7 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 	return b
 }
 
-// signAnnouncement sets l's AuthoritySignatureAnnotation, signed with key
+// signAnnouncement sets l's SignatureAnnotation, signed with key
 // over announcementMessage(l). l must be complete.
 func signAnnouncement(l *coordinationv1.Lease, key crypto.Signer) error {
 	msg := announcementMessage(l)
@@ -272,7 +272,7 @@ type verdict struct {
 }
 
 // judgeLocked decides whether l's announcement is believed: it is signed
-// (AuthoritySignatureAnnotation) with the key of the leaf it announces,
+// (SignatureAnnotation) with the key of the leaf it announces,
 // that leaf chains to a CA in the Secret as this replica last read it, and
 // it is no older than the last announcement believed for the Lease (its
 // renewTime, and a leaf the Lease has not retired; see announcementMark).
@@ -386,11 +386,11 @@ func (e *AnnouncementError) Unwrap() error { return e.Err }
 // VerifyAnnouncement checks the announcement in a replica's Lease as the
 // Authority's replicas check each other's before they believe one, and
 // returns the announced leaf: the Lease is signed
-// (AuthoritySignatureAnnotation) with the key of the leaf it announces,
+// (SignatureAnnotation) with the key of the leaf it announces,
 // over everything it announces; the leaf serial annotation is that
 // leaf's; the leaf is signed by one of cas, the CAs the CA Secret holds
 // (tls.crt, next.crt and ca.crt); and, when hosts is not empty (the
-// Authority's AuthorityConfig.Hosts), the leaf is for exactly those names,
+// Authority's Config.Hosts), the leaf is for exactly those names,
 // since the Authority's CA also signs leaves for others (podcert,
 // SignLeaf) whose holders could otherwise announce. An announcement that
 // fails is an *AnnouncementError.

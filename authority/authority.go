@@ -34,14 +34,14 @@ import (
 // kubernetes.io/tls keys (tls.crt/tls.key: the signing CA) and ca.crt (the
 // bundle of every CA still valid).
 const (
-	// AuthorityNextCertKey and AuthorityNextKeyKey hold a successor CA that
+	// NextCertKey and NextKeyKey hold a successor CA that
 	// is already in ca.crt but does not sign yet.
 	NextCertKey = "next.crt"
 	NextKeyKey  = "next.key"
-	// AuthorityNextSinceAnnotation records when the successor joined ca.crt
+	// NextSinceAnnotation records when the successor joined ca.crt
 	// (RFC 3339), so every replica agrees when its minimum delay ends.
 	NextSinceAnnotation = "evercert.io/next-ca-published-at"
-	// AuthorityKeyRefKey and AuthorityNextKeyRefKey hold, with a CAKeys
+	// KeyRefKey and NextKeyRefKey hold, with a CAKeys
 	// source, the reference (CAKeySource.NewKey) to the key of the signing
 	// CA and of the successor instead of tls.key and next.key, which are
 	// then absent (tls.key is empty in a pre-created kubernetes.io/tls
@@ -50,12 +50,12 @@ const (
 	NextKeyRefKey = "next.key-ref"
 )
 
-// PodNameEnv is the environment variable AuthorityConfig.ReplicaID
+// PodNameEnv is the environment variable Config.ReplicaID
 // defaults from: the pod's name, set from the downward API
 // (fieldRef metadata.name).
 const PodNameEnv = "POD_NAME"
 
-// AuthorityConfig configures an Authority.
+// Config configures an Authority.
 type Config struct {
 	// Name identifies the provider in logs and metrics. Default
 	// "authority:<Namespace>/<SecretName>".
@@ -99,7 +99,7 @@ type Config struct {
 	// saw the successor arrive measures the delay from then, on its own
 	// clock, so clock skew never shortens it; a replica started after the
 	// publication measures it from the publication time recorded in the
-	// Secret (AuthorityNextSinceAnnotation) plus twice SkewTolerance, and
+	// Secret (NextSinceAnnotation) plus twice SkewTolerance, and
 	// announces the successor at once, so replicas restarted more often
 	// than the delay (rollouts, crash loops) do not start it over. Default
 	// (CARenewBefore-RenewBefore)/4.
@@ -159,8 +159,8 @@ type Config struct {
 	// CAKeys, when set, keeps the CA private keys outside the Secret, e.g.
 	// in an HSM (package github.com/evercert/evercert/pkcs11): every new
 	// CA's key is made there, and the Secret holds only the certificates
-	// and a reference to each key (AuthorityKeyRefKey,
-	// AuthorityNextKeyRefKey). Every replica needs the same store. A CA
+	// and a reference to each key (KeyRefKey,
+	// NextKeyRefKey). Every replica needs the same store. A CA
 	// Secret that still holds a CA's key in tls.key (written before CAKeys
 	// was set) keeps working: that CA keeps signing and a successor with a
 	// key in the store is published at once, so the key in the Secret stops
@@ -271,7 +271,7 @@ var (
 	_ dynamiccertificates.ControllerRunner          = &Authority{}
 )
 
-// NewAuthority validates cfg. The Authority has no content until RunOnce or
+// New validates cfg. The Authority has no content until RunOnce or
 // Run has read (or created) the Secret.
 func New(cfg Config) (*Authority, error) {
 	if err := cfg.complete(); err != nil {

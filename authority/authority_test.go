@@ -103,7 +103,7 @@ func TestAuthorityRejectsBadSecret(t *testing.T) {
 }
 
 // TestAuthorityReplicasRotate runs three replicas sharing one Secret through
-// 5 CA lifetimes (30 under -dynamiccert.long) on a fake clock. At every step each replica's leaf must
+// 5 CA lifetimes (30 under -authority.long) on a fake clock. At every step each replica's leaf must
 // verify against the bundle a client fetched one step earlier, the Secret
 // holds one signing CA, and writes happen only on real transitions.
 func TestAuthorityReplicasRotate(t *testing.T) {

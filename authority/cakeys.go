@@ -20,12 +20,12 @@ import (
 // CAKeySource keeps an Authority's CA private keys outside its CA Secret,
 // e.g. in a hardware security module (package
 // github.com/evercert/evercert/pkcs11 is a PKCS#11 one). The Secret then
-// holds the CA certificates and, in AuthorityKeyRefKey and
-// AuthorityNextKeyRefKey, a reference to each key, never the key itself.
+// holds the CA certificates and, in KeyRefKey and
+// NextKeyRefKey, a reference to each key, never the key itself.
 // Replicas sharing the key store find a key by its reference.
 //
 // Implementations must be safe for concurrent use. They need not bound
-// their calls in time: the Authority does (AuthorityConfig.CAKeyTimeout).
+// their calls in time: the Authority does (Config.CAKeyTimeout).
 // Closing the store is the implementation's business.
 //
 // FIPS: a key in a module signs with the module's own, separately
@@ -63,7 +63,7 @@ type CAKeyDeleter interface {
 }
 
 // DefaultCAKeyTimeout bounds every call to a CAKeySource and every
-// signature with one of its keys (AuthorityConfig.CAKeyTimeout).
+// signature with one of its keys (Config.CAKeyTimeout).
 const DefaultCAKeyTimeout = 10 * time.Second
 
 // caKeys is an Authority's CAKeySource, with every call and signature

@@ -45,7 +45,7 @@ func (e *clockSkewError) Error() string { return "clock skew: " + e.reason }
 //     tolerance, this clock lags. When more than half are behind it, by
 //     their renewals (allowing a renewal interval for the renewal to be
 //     seen) or by their own word (they list this replica in
-//     AuthorityClocksAheadAnnotation, from the same lower bound seen from
+//     ClocksAheadAnnotation, from the same lower bound seen from
 //     their side), this clock leads.
 //   - A pause, or a jump of this clock: when this process stopped watching
 //     for longer than the tolerance, the renewals it saw before say nothing

@@ -295,7 +295,7 @@ func (m *machine) stalled(st *caSet, now time.Time) bool {
 // successor that arrived here late, before its minimum delay on this
 // replica's clock. The consumers of this replica's bundle that evercert
 // cannot see need as long as anyone's. Not in an emergency (see
-// AuthorityConfig.PropagationDelay). A process that found the successor
+// Config.PropagationDelay). A process that found the successor
 // published when it started announces it at once: it did not arrive late
 // here, the delay runs from its publication (rotation.delayStart) and is
 // kept by whichever replica promotes; waiting for a delay that every restart

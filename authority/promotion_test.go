@@ -185,7 +185,7 @@ func TestPromotionWithinSecondsOfTheDelay(t *testing.T) {
 }
 
 // promotionReplicas are the replica counts the promotion tests run: 10
-// replicas only under -dynamiccert.long (make soak); the simulator runs up
+// replicas only under -authority.long (make soak); the simulator runs up
 // to 10 in make test.
 func promotionReplicas() []int {
 	if *LongScenarios {

@@ -36,27 +36,27 @@ import (
 // Labels and annotations of the Lease each Authority replica announces
 // itself with.
 const (
-	// AuthorityLeaseLabel selects the Leases of the replicas of one
-	// Authority; its value is AuthorityLeaseLabelValue of the CA Secret's
+	// LeaseLabel selects the Leases of the replicas of one
+	// Authority; its value is LeaseLabelValue of the CA Secret's
 	// name: the name itself, unless it is longer than a label value may be.
 	LeaseLabel = "evercert.io/authority"
-	// AuthorityTrustedCAsAnnotation lists the Fingerprints of the CAs the
+	// TrustedCAsAnnotation lists the Fingerprints of the CAs the
 	// replica has loaded and its own observers have confirmed, comma
 	// separated; a successor only once its minimum delay has passed since
 	// this replica first saw it.
 	TrustedCAsAnnotation = "evercert.io/trusted-cas"
-	// AuthorityBundleHashAnnotation is the SHA-256 (hex) of the ca.crt
+	// BundleHashAnnotation is the SHA-256 (hex) of the ca.crt
 	// bundle the replica has loaded.
 	BundleHashAnnotation = "evercert.io/bundle-sha256"
-	// AuthorityLeafSerialAnnotation is the serial (hex) of the leaf the
+	// LeafSerialAnnotation is the serial (hex) of the leaf the
 	// replica serves.
 	LeafSerialAnnotation = "evercert.io/leaf-serial"
-	// AuthorityLeafAnnotation is the PEM of the leaf certificate the
+	// LeafAnnotation is the PEM of the leaf certificate the
 	// replica serves (the certificate only, never its key), so that what
 	// is published can be checked against every live replica's leaf
 	// (Authority.ServedChains).
 	LeafAnnotation = "evercert.io/leaf"
-	// AuthorityClocksAheadAnnotation lists, comma separated, the replica
+	// ClocksAheadAnnotation lists, comma separated, the replica
 	// IDs of the live replicas whose Lease renewals show their clocks ahead
 	// of this replica's by more than the skew tolerance. It is how a
 	// replica whose clock leads learns it: its own view of the others'
@@ -76,7 +76,7 @@ type announcement struct {
 }
 
 // seenLease is another (or this) replica's announcement as last believed
-// (see AuthoritySignatureAnnotation: only signed announcements whose leaf
+// (see SignatureAnnotation: only signed announcements whose leaf
 // chains to a CA in the Secret, and that are not older than the last one
 // believed for the Lease, are), and
 // when this process saw it change, on its own clock: liveness is judged by
@@ -116,10 +116,10 @@ type seenLease struct {
 	// from below but says nothing of it being behind ours.
 	firstSeen bool
 	// clocksAhead are the replica IDs its announcement says are ahead of
-	// its own clock (AuthorityClocksAheadAnnotation).
+	// its own clock (ClocksAheadAnnotation).
 	clocksAhead []string
 	// bundleHash is the SHA-256 (hex) of the ca.crt bundle the replica
-	// announced it loaded (AuthorityBundleHashAnnotation).
+	// announced it loaded (BundleHashAnnotation).
 	bundleHash string
 }
 
@@ -210,7 +210,7 @@ type replicaSet struct {
 	// relist does not count a rejection again; rejectLog logs each
 	// rejection once per Lease and reason.
 	// names is leafNames of this Authority's leaves: an announced leaf for
-	// other names is not believed (set by NewAuthority; "" checks none).
+	// other names is not believed (set by New; "" checks none).
 	names         string
 	roots         []*x509.Certificate
 	rootsKnown    bool
@@ -947,7 +947,7 @@ func replicaLeaseName(authority, id string) string {
 	return prefix + suffix
 }
 
-// AuthorityLeaseLabelValue is the value of AuthorityLeaseLabel on the
+// LeaseLabelValue is the value of LeaseLabel on the
 // Leases of the replicas of the Authority whose CA Secret is secretName:
 // always a valid label value, so the Leases can be written and listed.
 //
@@ -980,7 +980,7 @@ func LeaseLabelValue(secretName string) string {
 	return prefix + "-" + suffix
 }
 
-// AuthorityLeaseSelector is the label selector of the Leases of the
+// LeaseSelector is the label selector of the Leases of the
 // replicas of the Authority whose CA Secret is secretName.
 func LeaseSelector(secretName string) string {
 	return labels.SelectorFromSet(labels.Set{LeaseLabel: LeaseLabelValue(secretName)}).String()

@@ -27,7 +27,7 @@ type rotation struct {
 	// state: certificates are backdated by it, and a CA that is not yet
 	// valid by less than it is accepted.
 	skew time.Duration
-	// caKeys, when set, holds the keys of new CAs (AuthorityConfig.CAKeys).
+	// caKeys, when set, holds the keys of new CAs (Config.CAKeys).
 	caKeys *caKeys
 }
 

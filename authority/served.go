@@ -13,7 +13,7 @@ import (
 )
 
 // ServedChains lists the leaf every live replica of the Authority
-// announced in its Lease (AuthorityLeafAnnotation), this replica's
+// announced in its Lease (LeafAnnotation), this replica's
 // included, by "replica/<id>": what clients of any replica are served,
 // for cabundle to check the published bundles against. With
 // DisableReplicaAnnouncements it is this replica's own leaf. A replica is
@@ -36,7 +36,7 @@ var _ dynamiccert.ServedChainLister = (*Authority)(nil)
 // its Lease that it loaded: a caBundle publisher of the Authority finds
 // that another replica of it, not another writer, wrote bundle, also one
 // that is a step behind or ahead of this replica in a CA rotation. Only
-// believed announcements count (see AuthoritySignatureAnnotation), so
+// believed announcements count (see SignatureAnnotation), so
 // someone who may write Leases cannot make a bundle look like a
 // replica's. Without replica announcements, only this replica's own
 // bundle is one.

@@ -72,7 +72,7 @@ const (
 
 var simEpoch = time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// simConfig is the AuthorityConfig every replica runs with (completed once,
+// simConfig is the Config every replica runs with (completed once,
 // so the derived durations are known).
 func simConfig() Config {
 	c := Config{

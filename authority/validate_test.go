@@ -12,7 +12,7 @@ import (
 	"github.com/evercert/evercert/dynamiccert"
 )
 
-// TestProvidersRefuseBadHosts: NewSelfSigned and NewAuthority refuse a
+// TestProvidersRefuseBadHosts: NewSelfSigned and New refuse a
 // host that is not a DNS name, a wildcard or an IP, naming the field, its
 // index and the value. Before, each was accepted and made into a DNS SAN
 // ("host:443", " b", "10.0.0.1/32") that no client verifies.

@@ -30,7 +30,7 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// authorityReplicas is three replicas of one dynamiccert.Authority on one
+// authorityReplicas is three replicas of one authority.Authority on one
 // fake API server and one fake clock, each running a publisher of its own
 // bundle into one MutatingWebhookConfiguration (observing its rotation, as
 // controllerruntime.Add wires them), all with their real Run loops.

@@ -10,7 +10,7 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// This file holds observation: the publisher as a dynamiccert.Observer. What
+// This file holds observation: the publisher as a authority.Observer. What
 // every target's objects hold is recorded in the informer event handler, as
 // read back from the API server (what a list or watch returned, not what
 // was sent), so that Observed only reads a cache.
@@ -23,7 +23,7 @@ var _ dynamiccertificates.Notifier = (*Publisher)(nil)
 type objectReadBack struct {
 	// fields is the raw content of each selected field, in object order.
 	fields []string
-	// held is the set of fingerprints (dynamiccert.Fingerprint) of the CAs
+	// held is the set of fingerprints (authority.Fingerprint) of the CAs
 	// that every one of the fields holds.
 	held map[string]bool
 }
@@ -49,7 +49,7 @@ func (p *Publisher) AddListener(l dynamiccertificates.Listener) { p.listeners.Ad
 // old CA kept during a rotation, say) holds ca.
 //
 // Observed costs no API call and no parsing: the fingerprints held are
-// computed when an event arrives. It implements dynamiccert.Observer.
+// computed when an event arrives. It implements authority.Observer.
 func (p *Publisher) Observed(ca *x509.Certificate) bool {
 	if ca == nil {
 		return false

@@ -105,7 +105,7 @@ func parseCA(t *testing.T, bundle []byte) *x509.Certificate {
 }
 
 // TestObservedFollowsReadBack checks the publisher as a
-// dynamiccert.Observer: Observed is true only once the informer has seen
+// authority.Observer: Observed is true only once the informer has seen
 // the written object holding the CA (not when the write succeeded), false
 // again when someone wipes the caBundle, and listeners hear of each change.
 func TestObservedFollowsReadBack(t *testing.T) {

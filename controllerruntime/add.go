@@ -169,15 +169,15 @@ func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 			// restarted replica takes over its own Lease at once.
 			ac.ReplicaID = strings.TrimSpace(os.Getenv(authority.PodNameEnv))
 		}
-		authority, err := authority.New(ac)
+		ca, err := authority.New(ac)
 		if err != nil {
 			return nil, fmt.Errorf("Config.Authority: %w", err)
 		}
-		source = authority
+		source = ca
 		if bundle == nil {
-			bundle = authority
+			bundle = ca
 		}
-		c.rotation = authority
+		c.rotation = ca
 	} else if r, ok := source.(authority.RotationReporter); ok {
 		c.rotation = r
 	}

@@ -70,7 +70,7 @@ func (c *Certs) gateOpen() bool {
 // does not hold the bundle or it does not verify this replica's leaf, its
 // caBundle is contested by another writer (see cabundle's
 // Publisher.HealthCheck), or the CA rotation is stalled or this replica's
-// clock is skewed (dynamiccert.RotationCheck, for the Authority and
+// clock is skewed (authority.RotationCheck, for the Authority and
 // SelfSigned). It makes no API call.
 func (c *Certs) ReadyzCheck() healthz.Checker {
 	return func(req *http.Request) error {

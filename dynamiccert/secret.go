@@ -48,8 +48,8 @@ type SecretConfig struct {
 	// is loaded, so a watch that stays open but delivers nothing (a wedged
 	// cache, a proxy) delays a change by Resync at most. A failed re-read
 	// is reported and retried with backoff (at most Resync apart). Default
-	// DefaultSecretResync. Ignored by NewAuthority, whose checks bound the
-	// age of the watch's cache instead (see AuthorityConfig.CheckInterval).
+	// DefaultSecretResync. Ignored by authority.New, whose checks bound the
+	// age of the watch's cache instead (see authority.Config.CheckInterval).
 	Resync time.Duration
 	// Clock is used for validity checks of loaded certificates and for
 	// Resync. Default clock.RealClock{}.

@@ -11,7 +11,7 @@ import (
 )
 
 // ValidateHost checks one entry of a list of hosts a leaf is made for
-// (SelfSignedConfig.Hosts, AuthorityConfig.Hosts, server's
+// (SelfSignedConfig.Hosts, authority.Config.Hosts, server's
 // --self-signed-hosts): a DNS name (an RFC 1123 subdomain such as
 // "webhook.ns.svc"; upper case is accepted, as names compare without
 // case), a wildcard "*.<DNS name>", or an IPv4 or IPv6 address without a

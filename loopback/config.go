@@ -19,7 +19,7 @@ const (
 	// MinValidity is the shortest Validity accepted. Shorter lifetimes leave
 	// no room for scheduling delays between renewal and expiry; X.509
 	// cannot express them, and the leaf is re-issued at most once per
-	// dynamiccert.MinReissueInterval.
+	// authority.MinReissueInterval.
 	MinValidity = authority.MinLifetime
 )
 
@@ -28,7 +28,7 @@ const (
 //
 // The CA that signs the leaf is derived from Validity: it lives three
 // validities, its successor joins the CA bundle one validity before it
-// expires and starts signing a little later (see dynamiccert.SelfSignedConfig
+// expires and starts signing a little later (see authority.SelfSignedConfig
 // for the exact schedule), so a trust bundle always holds every CA a served
 // leaf can chain to.
 type CertificateConfig struct {

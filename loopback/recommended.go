@@ -27,7 +27,7 @@ type ApplyConfig struct {
 	Loopback CertificateConfig
 	// Serving is the default serving certificate, the one served to clients
 	// whose SNI matches no SNI certificate: any CertKeyContentProvider, e.g.
-	// a dynamiccert.SelfSigned, Authority, FileCertKey or SecretCertKey.
+	// a authority.SelfSigned, Authority, FileCertKey or SecretCertKey.
 	// genericapiserver runs it while it serves (when it is a
 	// ControllerRunner) and serves every change it announces. It cannot be
 	// combined with --tls-cert-file/--tls-private-key-file or
@@ -35,10 +35,10 @@ type ApplyConfig struct {
 	//
 	// Default nil: the certificate files when given (upstream's provider,
 	// which reloads them on change), else ServerCert.GeneratedCert when set,
-	// else a dynamiccert.SelfSigned named DefaultServingName for
-	// dynamiccert.DefaultSelfSignedHosts plus the bind address when it is
+	// else a authority.SelfSigned named DefaultServingName for
+	// authority.DefaultSelfSignedHosts plus the bind address when it is
 	// neither loopback nor unspecified plus AlternateDNS and AlternateIPs,
-	// with dynamiccert's default lifetimes and Loopback.Clock. It replaces
+	// with authority's default lifetimes and Loopback.Clock. It replaces
 	// upstream's never-rotated certificate from
 	// MaybeDefaultWithSelfSignedCerts; do not call that (its certificate
 	// would be used instead), pass its alternate names in AlternateDNS and
@@ -64,7 +64,7 @@ type Applied struct {
 	Loopback *Certificate
 	// Serving is the default serving certificate (cfg.SecureServing.Cert):
 	// ApplyConfig.Serving, the provider of the certificate files or
-	// GeneratedCert, or the self-signed default, a *dynamiccert.SelfSigned
+	// GeneratedCert, or the self-signed default, a *authority.SelfSigned
 	// whose CA bundle clients (and an APIService's caBundle) trust.
 	//
 	// The self-signed default's CA exists only in memory and rotates: there
@@ -74,7 +74,7 @@ type Applied struct {
 	// APIService, and make the publisher an observer of the CA rotation, so
 	// that a successor CA signs only once the APIService holds it:
 	//
-	//	ca := applied.Serving.(*dynamiccert.SelfSigned)
+	//	ca := applied.Serving.(*authority.SelfSigned)
 	//	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
 	//		Source: ca, KubeConfig: cfg.ClientConfig, // or AggregatorClient
 	//		Targets: []cabundle.Target{{Kind: cabundle.APIService, Name: "v1alpha1.wardle.example.com"}},
@@ -98,8 +98,8 @@ type Applied struct {
 //     cfg.LoopbackClientConfig, the "loopback-serving-certificate" check on
 //     /healthz and /livez, and the rotation post-start hook;
 //  4. a "ca-rotation:<name>" check on /healthz and /readyz when the serving
-//     certificate reports its CA rotation (dynamiccert.RotationReporter:
-//     SelfSigned, Authority; see dynamiccert.RotationCheck);
+//     certificate reports its CA rotation (authority.RotationReporter:
+//     SelfSigned, Authority; see authority.RotationCheck);
 //  5. everything else in o, through upstream's RecommendedOptions.ApplyTo on
 //     a copy of o without SecureServing: Etcd, EgressSelector, Traces,
 //     Authentication, Authorization, Audit, CoreAPI, Features,

@@ -42,7 +42,7 @@ func (f listenerFunc) Enqueue() { f() }
 // its renew-before, so Run re-issued it at once, forever (8,133 re-issues
 // and 2.5 MB of log in 8 s with the example server's --loopback-validity=1s).
 // Through Run on a fake clock the leaf is now issued at most once per
-// dynamiccert.MinReissueInterval, the health check never reports a stall,
+// authority.MinReissueInterval, the health check never reports a stall,
 // and the loopback client verifies the server at every step.
 func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	start := time.Date(2030, 1, 1, 0, 0, 0, 900_000_000, time.UTC)

@@ -41,7 +41,7 @@ func TestKeySourceMakesAndFindsKeys(t *testing.T) {
 	if _, err := other.FindKey(ctx, "evercert-ca-missing"); err == nil || !strings.Contains(err.Error(), `"evercert-ca-missing" is not in the token`) {
 		t.Fatalf("missing key: %v", err)
 	}
-	// Deleting (dynamiccert.CAKeyDeleter, for keys made for a lost Secret
+	// Deleting (authority.CAKeyDeleter, for keys made for a lost Secret
 	// write): gone for every source on the token; deleting again is fine.
 	var _ authority.CAKeyDeleter = ks
 	if err := ks.DeleteKey(ctx, ref); err != nil {

@@ -44,14 +44,14 @@ const (
 	DefaultBackdate = 2 * time.Minute
 )
 
-// LeafSigner signs the leaves: *dynamiccert.Authority, whose SignLeaf signs
+// LeafSigner signs the leaves: *authority.Authority, whose SignLeaf signs
 // only with its observed signing CA and whose listeners hear when that CA
 // changes.
 type LeafSigner interface {
 	// Name identifies it in logs and condition messages.
 	Name() string
 	// SignLeaf signs a key held elsewhere; errors wrapping
-	// dynamiccert.ErrNoSigningCA and *dynamiccert.CAEndsTooSoonError mean
+	// authority.ErrNoSigningCA and *authority.CAEndsTooSoonError mean
 	// "not now".
 	SignLeaf(authority.LeafRequest) (*authority.SignedLeaf, error)
 	// AddListener registers a listener told when the signing CA changes.
@@ -67,7 +67,7 @@ type SignerConfig struct {
 	// "evercert.io/serving"; requests for other signers are left alone.
 	// Required. Names under kubernetes.io are reserved.
 	SignerName string
-	// CA signs the leaves, normally a *dynamiccert.Authority that runs
+	// CA signs the leaves, normally a *authority.Authority that runs
 	// (its Run loop rotates the CA). Required. An Authority whose schedule
 	// can never give a leaf MinLifetime (CASchedule.LongestLeaf) is an
 	// error wrapping ErrCANeverCoversMinLifetime.

@@ -72,7 +72,7 @@ const maxAttempts = 3
 const maxMessage = 2048
 
 // Signer signs the PodCertificateRequests addressed to one signer name
-// (spec.signerName) with a CA, normally a dynamiccert.Authority, and
+// (spec.signerName) with a CA, normally a authority.Authority, and
 // through its rotations: every leaf comes from the CA that signs now, which
 // the Authority promotes only once observed.
 //

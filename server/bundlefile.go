@@ -36,7 +36,7 @@ const (
 
 // bundleFileWriter keeps a file equal to a CA provider's bundle, so clients
 // such as curl can trust a rotating self-signed CA. It is also a
-// dynamiccert.Observer of that provider, named "ca-bundle-file": a
+// authority.Observer of that provider, named "ca-bundle-file": a
 // successor CA signs only once the file holds it.
 type bundleFileWriter struct {
 	path    string
@@ -63,10 +63,10 @@ func (w *bundleFileWriter) hasWritten() bool {
 	return w.written != nil
 }
 
-// Name implements dynamiccert.Observer.
+// Name implements authority.Observer.
 func (w *bundleFileWriter) Name() string { return "ca-bundle-file" }
 
-// Observed implements dynamiccert.Observer: the file as last written holds
+// Observed implements authority.Observer: the file as last written holds
 // ca.
 func (w *bundleFileWriter) Observed(ca *x509.Certificate) bool {
 	w.mu.Lock()

@@ -134,7 +134,7 @@ func (s *Serving) InstallHandlers(mux *http.ServeMux, checks ...healthz.HealthCh
 //   - /readyz: serving-certificate, client-ca (with --client-ca-file, see
 //     ClientCACheck), ca-rotation:<provider> (for the self-signed default
 //     and --ca-secret: fails while a CA rotation is stalled, see
-//     dynamiccert.RotationCheck), checks.Liveness and checks.Readiness.
+//     authority.RotationCheck), checks.Liveness and checks.Readiness.
 //   - /healthz: the same as /readyz; it is the legacy endpoint that reports
 //     every check, not a liveness probe.
 //

@@ -82,7 +82,7 @@ type Options struct {
 	SelfSignedKeyTypes []string
 	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
 	// --self-signed-validity, default 720h, at least 1s
-	// (dynamiccert.MinLifetime), at most dynamiccert.MaxLifetime, and at
+	// (authority.MinLifetime), at most dynamiccert.MaxLifetime, and at
 	// most its third (an eighth with --ca-secret) without CAValidity.
 	SelfSignedValidity time.Duration
 	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
@@ -99,7 +99,7 @@ type Options struct {
 	CARenewBefore time.Duration
 	// CAPropagationDelay is the minimum time a published successor CA waits
 	// before it signs, for consumers evercert cannot observe; it also waits
-	// for every observer (see dynamiccert's observed rotation). Flag
+	// for every observer (see authority's observed rotation). Flag
 	// --ca-propagation-delay, default 0: a quarter of the CA renew-before
 	// minus the leaf renew-before.
 	CAPropagationDelay time.Duration
@@ -121,10 +121,10 @@ type Options struct {
 	// SelfSignedValidity). Flag --ca-secret.
 	CASecret string
 	// ReplicaID names this replica in the Lease it announces itself in to
-	// the other replicas of --ca-secret (dynamiccert.AuthorityConfig.
+	// the other replicas of --ca-secret (authority.Config.
 	// ReplicaID). Give each pod its own, stable across restarts of its
 	// process: the pod name. Flag --replica-id, default $POD_NAME
-	// (NewOptions reads it; dynamiccert.PodNameEnv), else the host name
+	// (NewOptions reads it; authority.PodNameEnv), else the host name
 	// with a random suffix.
 	ReplicaID string
 	// Kubeconfig is the kubeconfig file for --tls-secret and --ca-secret;
@@ -296,7 +296,7 @@ func (o *Options) Validate() []error {
 		}
 		if o.SelfSignedValidity < authority.MinLifetime {
 			// X.509 cannot express less, and a leaf is re-issued at most
-			// once per dynamiccert.MinReissueInterval.
+			// once per authority.MinReissueInterval.
 			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at least %v", o.SelfSignedValidity, authority.MinLifetime))
 		} else if o.SelfSignedValidity > dynamiccert.MaxLifetime {
 			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at most %v", o.SelfSignedValidity, dynamiccert.MaxLifetime))

@@ -36,7 +36,7 @@ type replica struct {
 	// LeafNames are the announced leaf's DNS names and IP addresses.
 	LeafNames []string `json:"leafNames,omitempty"`
 	// Verified is whether the announcement is believed as the Authority
-	// believes one (dynamiccert.VerifyAnnouncement); Rejection says why
+	// believes one (authority.VerifyAnnouncement); Rejection says why
 	// not. A rejected Lease is not a replica: it is not counted as live,
 	// as a pending observer, or against the targets.
 	Verified  bool           `json:"verified"`

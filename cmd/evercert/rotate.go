@@ -268,7 +268,7 @@ func (k *kube) waitingFor(ctx context.Context, w waitTarget, s *corev1.Secret, n
 }
 
 // waitingOn says which live replicas the Authority waits on, from their
-// Leases verified as status verifies them (dynamiccert.VerifyAnnouncement;
+// Leases verified as status verifies them (authority.VerifyAnnouncement;
 // a rejected Lease is no replica): those whose announcement does not trust
 // the successor CA in the Secret (next.crt) yet or, once the successor of a
 // compromised CA signs, those still serving a leaf the compromised CA

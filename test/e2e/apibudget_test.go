@@ -59,7 +59,7 @@ const (
 
 	// Goals of issue 22 §1. At rest: at most one non-watch request per
 	// replica per minute. Per CA rotation: linear in the replicas with a
-	// small constant. The formula (dynamiccert's TestAPIBudgetPerRotation
+	// small constant. The formula (authority's TestAPIBudgetPerRotation
 	// states and checks it on the fake API server): beyond the renewals, a
 	// rotation costs 4R + 3 + 2k requests for R replicas and no caBundle
 	// targets. Each replica writes its Lease when it loads the successor

@@ -497,7 +497,7 @@ func TestE2EObservedRotation(t *testing.T) {
 		before[r] = [2]float64{v, m}
 	}
 
-	// Replicas may disagree by up to the skew tolerance (dynamiccert's
+	// Replicas may disagree by up to the skew tolerance (authority's
 	// package documentation); A and C are 60 minutes apart, so the
 	// tolerance is one hour (the library's default). With less, say
 	// EVERCERT_E2E_SKEW_TOLERANCE=45m, C's successor is not yet valid on

@@ -271,7 +271,7 @@ func rejectionsFinal(reasons ...string) func(w *world, _ int) {
 }
 
 // realIDs lists the live replicas' IDs, comma separated, as
-// AuthorityClocksAheadAnnotation does.
+// authority.ClocksAheadAnnotation does.
 func (w *world) realIDs() string {
 	var ids []string
 	for _, p := range w.live() {
@@ -383,7 +383,7 @@ func (a *attacker) removeMadeUp() {
 }
 
 // sign signs l with the attacker's own leaf, as a replica signs its
-// announcement (dynamiccert.AuthoritySignatureAnnotation): the signature
+// announcement (authority.SignatureAnnotation): the signature
 // verifies, but the leaf chains to no CA of the Secret.
 func (a *attacker) sign(l *coordinationv1.Lease) {
 	d := sha256.Sum256(announcementMessage(l))
@@ -413,7 +413,7 @@ func (a *attacker) checkEncoding(real *coordinationv1.Lease) {
 }
 
 // announcementMessage is the encoding a replica signs, as
-// dynamiccert.AuthoritySignatureAnnotation documents it (announce_sign.go):
+// authority.SignatureAnnotation documents it (announce_sign.go):
 // each field as its length (uvarint) and its bytes.
 func announcementMessage(l *coordinationv1.Lease) []byte {
 	var b []byte
