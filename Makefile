@@ -30,7 +30,7 @@ deps:
 test-unit: deps
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-## test-sim: the seeded simulator (dynamiccert/simulate_test.go), without
+## test-sim: the seeded simulator (authority/simulate_test.go), without
 ## -race: R real Authority replicas (1-10) on simulated clocks and a
 ## simulated API server, faults drawn from each seed, invariants S1-S3, V1
 ## and L1 checked after every event (docs/architecture.md, "Simulator").
@@ -43,7 +43,7 @@ SIM_SEEDS ?= 400
 SIM_TESTS := TestSimulate TestSimulateFindsMutations TestSimulateFindsOpenGaps
 test-sim:
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -count=1 -v -timeout 30m -run '^($(subst $(eval) ,|,$(SIM_TESTS)))$$' ./dynamiccert/ -args -sim.seeds=$(SIM_SEEDS) -sim.mutations > $(CURDIR)/tmp/sim.log 2>&1 || { tail -60 $(CURDIR)/tmp/sim.log; exit 1; }
+	$(GO) test -count=1 -v -timeout 30m -run '^($(subst $(eval) ,|,$(SIM_TESTS)))$$' ./authority/ -args -sim.seeds=$(SIM_SEEDS) -sim.mutations > $(CURDIR)/tmp/sim.log 2>&1 || { tail -60 $(CURDIR)/tmp/sim.log; exit 1; }
 	@for t in $(SIM_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/sim.log || { echo "test-sim: $$t did not pass"; tail -60 $(CURDIR)/tmp/sim.log; exit 1; }; done
 	@grep -E '^(--- |ok )|seeds in|found after|of [0-9]+ seeds|shrunk:|^ {10}[0-9]' $(CURDIR)/tmp/sim.log
 
@@ -51,11 +51,11 @@ test-sim:
 ## SIM_FIRST with every fault kind, hand edits included, and every mutation,
 ## the slow ones included. It stops at the first violation, printing its seed
 ## and shrunk schedule; replay one with
-## go test -run '^TestSimulate$$' ./dynamiccert/ -args -sim.seed=N -sim.hand-edits.
+## go test -run '^TestSimulate$$' ./authority/ -args -sim.seed=N -sim.hand-edits.
 SEEDS ?= 100000
 SIM_FIRST ?= 1
 simulate:
-	$(GO) test -count=1 -v -timeout 0 -run '^(TestSimulate|TestSimulateFindsMutations)$$' ./dynamiccert/ -args -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.hand-edits -sim.mutations -sim.long-mutations 2>&1 | grep -vE '^[EIW][0-9]{4} '
+	$(GO) test -count=1 -v -timeout 0 -run '^(TestSimulate|TestSimulateFindsMutations)$$' ./authority/ -args -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.hand-edits -sim.mutations -sim.long-mutations 2>&1 | grep -vE '^[EIW][0-9]{4} '
 
 ## test-alloc: the zero-allocation promise of the handshake path, checked
 ## without -race (the race detector allocates, so these tests are built only
@@ -174,7 +174,7 @@ image:
 ## test-migrate: switching to evercert from OPA cert-controller, cert-manager's
 ## webhook CA and knative's webhook certificates with no outage: each tool
 ## runs for real and writes its Secret, then evercert replicas adopt it
-## (AuthorityConfig.Adopt) while the real kube-apiserver calls a webhook
+## (authority.Config.Adopt) while the real kube-apiserver calls a webhook
 ## (failurePolicy Fail); 0 failed calls across the switch and the first
 ## observed CA rotation. test/migrate is its own module, so the library takes
 ## none of the tools' dependencies. Fails if a test did not run.
@@ -230,13 +230,13 @@ soak-short:
 ## soak: the long soak (not part of make test): ten simulated years of
 ## steps, ten simulated years of fault scenarios, 60 s on the real clock,
 ## and one cycle of the scale scenario with 100 replicas (API budget, CPU
-## and heap per replica); then dynamiccert's scenario tests at full size
-## (-dynamiccert.long: 10 replicas, 30 CA lifetimes, every hand edit),
+## and heap per replica); then the authority package's scenario tests at full size
+## (-authority.long: 10 replicas, 30 CA lifetimes, every hand edit),
 ## which make test runs smaller, as the simulator covers their state space.
 LONG_SCENARIOS := TestPromotionWithinSecondsOfTheDelay|TestPromotionWithinSecondsOfAnOutage|TestAuthorityReplicasRotate|TestRollingRestartsNeverStallRotation|TestHandEditedBrokenSecretIsRepaired
 soak:
 	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="" SOAK_ARGS="-soak.duration=60s -soak.years=10"
-	$(GO) test -race -count=1 -timeout 60m -run '^($(LONG_SCENARIOS))$$' ./dynamiccert/ -args -dynamiccert.long
+	$(GO) test -race -count=1 -timeout 60m -run '^($(LONG_SCENARIOS))$$' ./authority/ -args -authority.long
 
 # soak-run keeps the full log in tmp/soak.log and prints the soak reports
 # (rotations, handshakes, requests, failures, goroutines and heap) and the

@@ -25,11 +25,12 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// authorityReplicas is three replicas of one dynamiccert.Authority on one
+// authorityReplicas is three replicas of one authority.Authority on one
 // fake API server and one fake clock, each running a publisher of its own
 // bundle into one MutatingWebhookConfiguration (observing its rotation, as
 // controllerruntime.Add wires them), all with their real Run loops.
@@ -37,7 +38,7 @@ type authorityReplicas struct {
 	kube *kubefake.Clientset
 	clk  *clocktesting.FakeClock
 	rec  *testRecorder
-	as   []*dynamiccert.Authority
+	as   []*authority.Authority
 	ps   []*Publisher
 	name string
 }
@@ -59,7 +60,7 @@ func startAuthorityReplicas(t *testing.T, name string, late int) *authorityRepli
 		if r == late {
 			client = quietSecretWatch{w.kube}
 		}
-		a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		a, err := authority.New(authority.Config{
 			Name: fmt.Sprintf("%s-r%d", name, r), Namespace: "ns", SecretName: "ca", Client: client,
 			ReplicaID: fmt.Sprintf("r%d", r), Hosts: []string{"svc1.ns1.svc"}, Lifetime: 10 * time.Minute, Clock: w.clk,
 		})
@@ -125,7 +126,7 @@ func optimisticNamespaced(client *kubefake.Clientset) {
 }
 
 // runAuthority runs a until the test ends.
-func runAuthority(t *testing.T, a *dynamiccert.Authority) {
+func runAuthority(t *testing.T, a *authority.Authority) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { a.Run(ctx, 1); close(done) }()
@@ -161,7 +162,7 @@ func (w *authorityReplicas) published(t *testing.T) []string {
 	}
 	var out []string
 	for _, c := range certs {
-		out = append(out, dynamiccert.Fingerprint(c))
+		out = append(out, authority.Fingerprint(c))
 	}
 	return out
 }
@@ -188,12 +189,12 @@ func TestAuthorityReplicasNeverContestEachOther(t *testing.T) {
 	first := w.published(t)
 	t.Logf("first bundle %v", first)
 
-	w.annotate(t, map[string]string{dynamiccert.RotateRequestedAnnotation: w.clk.Now().Format(time.RFC3339)})
+	w.annotate(t, map[string]string{authority.RotateRequestedAnnotation: w.clk.Now().Format(time.RFC3339)})
 	w.run(t, 3*time.Minute, func(cur []string) bool { return len(cur) > len(first) && w.agree() })
 
 	compromised := w.as[0].Status().Signing.Fingerprint
-	w.annotate(t, map[string]string{dynamiccert.CompromisedCAAnnotation: compromised, dynamiccert.CompromisedReasonAnnotation: "drill",
-		dynamiccert.CompromisedAtAnnotation: w.clk.Now().Format(time.RFC3339)})
+	w.annotate(t, map[string]string{authority.CompromisedCAAnnotation: compromised, authority.CompromisedReasonAnnotation: "drill",
+		authority.CompromisedAtAnnotation: w.clk.Now().Format(time.RFC3339)})
 	w.run(t, 3*time.Minute, func(cur []string) bool {
 		return len(cur) > 0 && !strings.Contains(strings.Join(cur, ","), compromised) && w.agree()
 	})

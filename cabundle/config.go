@@ -25,7 +25,7 @@ const (
 	// DefaultFieldManager is the default field manager of every write.
 	DefaultFieldManager = "evercert"
 	// DefaultName is the default name of the publisher as an observer
-	// (dynamiccert.Observer) and of its health check.
+	// (authority.Observer) and of its health check.
 	DefaultName = "cabundle"
 )
 

@@ -371,7 +371,7 @@ func (p *Publisher) byReplicaAhead(v objectView, values [][]byte, bundle []byte)
 }
 
 // replicaBundles is implemented by a Source whose replicas announce the
-// bundles they hold (dynamiccert.Authority, through its Leases):
+// bundles they hold (authority.Authority, through its Leases):
 // AnnouncesCABundle reports whether a live replica announces bundle, byte
 // for byte.
 type replicaBundles interface {

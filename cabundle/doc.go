@@ -117,9 +117,9 @@
 // publisher's own field manager. Another field manager is never excused,
 // nor is a bundle of unrelated CAs.
 //
-// Replicas of one [dynamiccert.Authority] know each other's bundles: each
+// Replicas of one [authority.Authority] know each other's bundles: each
 // announces the SHA-256 of the bundle it holds in its signed Lease
-// ([dynamiccert.Authority.AnnouncesCABundle]). A value that a live replica
+// ([authority.Authority.AnnouncesCABundle]). A value that a live replica
 // of the source announces, whichever field manager wrote it and whether it
 // is a step ahead of or behind this publisher's, is never counted as
 // another writer's (unless it fails to verify a chain served now that the
@@ -150,7 +150,7 @@
 //
 // # Observation
 //
-// A Publisher is a dynamiccert.Observer of the CA rotation of its source:
+// A Publisher is a authority.Observer of the CA rotation of its source:
 // [Publisher.Observed] reports whether every selected field of every target
 // object holds a CA, as read back from the API server (the informer cache,
 // that is after a list or watch returned the object, not when a write

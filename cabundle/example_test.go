@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/sni"
@@ -21,7 +22,7 @@ import (
 // example/webhook runs the same wiring against a real kube-apiserver
 // (test/e2e).
 func serveWebhook(ctx context.Context, kubeClient kubernetes.Interface, handler http.Handler) error {
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	ca, err := authority.New(authority.Config{
 		Namespace: "my-ns", SecretName: "my-webhook-ca", Client: kubeClient,
 		Hosts: []string{"my-webhook.my-ns.svc"},
 	})
@@ -29,23 +30,23 @@ func serveWebhook(ctx context.Context, kubeClient kubernetes.Interface, handler 
 		return err
 	}
 	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
-		Source:     authority,
+		Source:     ca,
 		KubeClient: kubeClient,
 		Targets: []cabundle.Target{
 			{Kind: cabundle.ValidatingWebhookConfiguration, Name: "my-webhook"},
 			{Kind: cabundle.MutatingWebhookConfiguration, Name: "my-webhook"},
 		},
-		Verify: []dynamiccert.ServedChainLister{authority}, // each caBundle must verify this replica's leaf
+		Verify: []dynamiccert.ServedChainLister{ca}, // each caBundle must verify this replica's leaf
 	})
 	if err != nil {
 		return err
 	}
-	authority.AddObserver(publisher) // a successor CA signs only once every target holds it
-	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: authority})
+	ca.AddObserver(publisher) // a successor CA signs only once every target holds it
+	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: ca})
 	if err != nil {
 		return err
 	}
-	go authority.Run(ctx, 1)
+	go ca.Run(ctx, 1)
 	go publisher.Run(ctx, 0) // 0: DefaultWorkers; publisher.HasSynced() once every target holds the bundle
 	go ctrl.Run(ctx, 1)      // ready: ctrl.HasSynced() && publisher.HasSynced()
 	srv := &http.Server{Addr: ":8443", Handler: handler, TLSConfig: ctrl.TLSConfig()}

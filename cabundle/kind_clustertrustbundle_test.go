@@ -50,7 +50,7 @@ func TestClusterTrustBundleTargetValidation(t *testing.T) {
 // TestClusterTrustBundlePublisher runs a publisher with a named
 // ClusterTrustBundle target: it creates the missing bundle with its signer
 // name, replaces the bundle in place when the source rotates, repairs a
-// bundle another writer changed (JSON patch mode), and observes (dynamiccert.Observer) a CA
+// bundle another writer changed (JSON patch mode), and observes (authority.Observer) a CA
 // only once the bundle was read back holding it. Both write modes.
 func TestClusterTrustBundlePublisher(t *testing.T) {
 	for _, ssa := range []bool{false, true} {

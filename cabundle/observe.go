@@ -6,16 +6,16 @@ import (
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// This file holds observation: the publisher as a dynamiccert.Observer. What
+// This file holds observation: the publisher as a authority.Observer. What
 // every target's objects hold is recorded in the informer event handler, as
 // read back from the API server (what a list or watch returned, not what
 // was sent), so that Observed only reads a cache.
 
-var _ dynamiccert.Observer = (*Publisher)(nil)
+var _ authority.Observer = (*Publisher)(nil)
 var _ dynamiccertificates.Notifier = (*Publisher)(nil)
 
 // objectReadBack is what the fields one target selects in one object held
@@ -23,7 +23,7 @@ var _ dynamiccertificates.Notifier = (*Publisher)(nil)
 type objectReadBack struct {
 	// fields is the raw content of each selected field, in object order.
 	fields []string
-	// held is the set of fingerprints (dynamiccert.Fingerprint) of the CAs
+	// held is the set of fingerprints (authority.Fingerprint) of the CAs
 	// that every one of the fields holds.
 	held map[string]bool
 }
@@ -49,12 +49,12 @@ func (p *Publisher) AddListener(l dynamiccertificates.Listener) { p.listeners.Ad
 // old CA kept during a rotation, say) holds ca.
 //
 // Observed costs no API call and no parsing: the fingerprints held are
-// computed when an event arrives. It implements dynamiccert.Observer.
+// computed when an event arrives. It implements authority.Observer.
 func (p *Publisher) Observed(ca *x509.Certificate) bool {
 	if ca == nil {
 		return false
 	}
-	fp := dynamiccert.Fingerprint(ca)
+	fp := authority.Fingerprint(ca)
 	p.obsMu.RLock()
 	defer p.obsMu.RUnlock()
 	for _, t := range p.targets {
@@ -78,7 +78,7 @@ func (p *Publisher) Observed(ca *x509.Certificate) bool {
 func (p *Publisher) Pending(ca *x509.Certificate) []string {
 	var fp string
 	if ca != nil {
-		fp = dynamiccert.Fingerprint(ca)
+		fp = authority.Fingerprint(ca)
 	}
 	var out []string
 	p.obsMu.RLock()
@@ -142,7 +142,7 @@ func heldByAll(fields []string) map[string]bool {
 			set = make(map[string]bool)
 			if certs, err := pki.ParseCABundle([]byte(f)); err == nil {
 				for _, c := range certs {
-					set[dynamiccert.Fingerprint(c)] = true
+					set[authority.Fingerprint(c)] = true
 				}
 			}
 			parsed[f] = set

@@ -20,7 +20,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -105,7 +105,7 @@ func parseCA(t *testing.T, bundle []byte) *x509.Certificate {
 }
 
 // TestObservedFollowsReadBack checks the publisher as a
-// dynamiccert.Observer: Observed is true only once the informer has seen
+// authority.Observer: Observed is true only once the informer has seen
 // the written object holding the CA (not when the write succeeded), false
 // again when someone wipes the caBundle, and listeners hear of each change.
 func TestObservedFollowsReadBack(t *testing.T) {
@@ -144,7 +144,7 @@ func TestObservedFollowsReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var obs dynamiccert.Observer = p
+	var obs authority.Observer = p
 	if obs.Name() != "webhook-cabundle" || p.HealthCheck().Name() != "webhook-cabundle" {
 		t.Errorf("names %q, %q, want PublisherConfig.Name", obs.Name(), p.HealthCheck().Name())
 	}

@@ -42,7 +42,7 @@ const (
 // [NewPublisher] and start it with [Publisher.Run]. Its methods are safe
 // for concurrent use.
 //
-// A Publisher is a dynamiccert.Observer of the bundle it publishes: see
+// A Publisher is a authority.Observer of the bundle it publishes: see
 // [Publisher.Observed].
 type Publisher struct {
 	name         string

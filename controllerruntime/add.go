@@ -19,6 +19,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	evercertmetrics "github.com/evercert/evercert/metrics"
@@ -166,18 +167,18 @@ func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 		if ac.ReplicaID == "" {
 			// The pod's name: stable across restarts of the process, so a
 			// restarted replica takes over its own Lease at once.
-			ac.ReplicaID = strings.TrimSpace(os.Getenv(dynamiccert.PodNameEnv))
+			ac.ReplicaID = strings.TrimSpace(os.Getenv(authority.PodNameEnv))
 		}
-		authority, err := dynamiccert.NewAuthority(ac)
+		ca, err := authority.New(ac)
 		if err != nil {
 			return nil, fmt.Errorf("Config.Authority: %w", err)
 		}
-		source = authority
+		source = ca
 		if bundle == nil {
-			bundle = authority
+			bundle = ca
 		}
-		c.rotation = authority
-	} else if r, ok := source.(dynamiccert.RotationReporter); ok {
+		c.rotation = ca
+	} else if r, ok := source.(authority.RotationReporter); ok {
 		c.rotation = r
 	}
 	c.source = source
@@ -232,7 +233,7 @@ func wire(mgr manager.Manager, cfg Config) (*Certs, error) {
 		// would never run the publisher): an observer that never syncs
 		// would hold back every successor of the caller's provider until
 		// its signing CA is about to expire.
-		if o, ok := bundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+		if o, ok := bundle.(interface{ AddObserver(authority.Observer) }); ok {
 			o.AddObserver(c.publisher)
 		}
 	}

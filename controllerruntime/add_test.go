@@ -35,7 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/testcluster"
 	"github.com/evercert/evercert/internal/tlstest"
@@ -131,7 +131,7 @@ func TestAddWebhookThroughRotationsOnNonLeader(t *testing.T) {
 		ValidatingWebhooks: []string{vwcName}, CRDs: []string{crdName},
 		// Leaves every 2s, CAs every 6s; the kube-apiserver uses the
 		// real clock, so the lifetimes are real and short.
-		Authority: dynamiccert.AuthorityConfig{
+		Authority: authority.Config{
 			Lifetime: 4 * time.Second, RenewBefore: 2 * time.Second,
 			CALifetime: 12 * time.Second, CARenewBefore: 6 * time.Second, PropagationDelay: 2 * time.Second,
 		},

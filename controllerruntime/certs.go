@@ -13,8 +13,8 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/sni"
 )
 
@@ -27,8 +27,8 @@ const readyPoll = 100 * time.Millisecond
 type Certs struct {
 	clock     clock.PassiveClock
 	source    ServingSource
-	rotation  dynamiccert.RotationReporter // nil for sources without a CA rotation
-	publisher *cabundle.Publisher          // nil without targets
+	rotation  authority.RotationReporter // nil for sources without a CA rotation
+	publisher *cabundle.Publisher        // nil without targets
 	ctrl      *sni.DynamicServingCertificateController
 	ready     chan struct{}
 }
@@ -70,7 +70,7 @@ func (c *Certs) gateOpen() bool {
 // does not hold the bundle or it does not verify this replica's leaf, its
 // caBundle is contested by another writer (see cabundle's
 // Publisher.HealthCheck), or the CA rotation is stalled or this replica's
-// clock is skewed (dynamiccert.RotationCheck, for the Authority and
+// clock is skewed (authority.RotationCheck, for the Authority and
 // SelfSigned). It makes no API call.
 func (c *Certs) ReadyzCheck() healthz.Checker {
 	return func(req *http.Request) error {
@@ -89,7 +89,7 @@ func (c *Certs) ReadyzCheck() healthz.Checker {
 			}
 		}
 		if c.rotation != nil {
-			if err := dynamiccert.RotationCheck(c.rotation).Check(req); err != nil {
+			if err := authority.RotationCheck(c.rotation).Check(req); err != nil {
 				problems = append(problems, "CA rotation: "+err.Error())
 			}
 		}

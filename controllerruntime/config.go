@@ -8,8 +8,8 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 )
 
 // CheckName is the name under which Add registers its health and ready
@@ -18,7 +18,7 @@ import (
 const CheckName = "evercert"
 
 // ServingSource provides the serving certificate when Config.Source replaces
-// the default Authority: dynamiccert.SelfSigned, FileCertKey, SecretCertKey,
+// the default Authority: authority.SelfSigned, FileCertKey, SecretCertKey,
 // StaticCertKey, or any other provider. If it also has a Run(ctx
 // context.Context, workers int) method, as every evercert provider that
 // changes does, Add runs it as a manager Runnable on every replica.
@@ -26,7 +26,7 @@ type ServingSource interface {
 	dynamiccertificates.CertKeyContentProvider
 }
 
-// runner is a provider with a Run loop (dynamiccert's providers, the
+// runner is a provider with a Run loop (dynamiccert's and authority's providers, the
 // publisher, the sni controller).
 type runner interface {
 	Run(ctx context.Context, workers int)
@@ -54,16 +54,16 @@ type Config struct {
 	// SecretName are always those above; Add fills in Hosts, Client (built
 	// from the manager's rest.Config and HTTP client), EventRecorder (the
 	// manager's, events.k8s.io API), Clock, and ReplicaID (the environment
-	// variable POD_NAME, dynamiccert.PodNameEnv: set it from the downward
+	// variable POD_NAME, authority.PodNameEnv: set it from the downward
 	// API, so a restarted process keeps its replica's Lease) when they are
 	// unset. Ignored when Source is set.
-	Authority dynamiccert.AuthorityConfig
+	Authority authority.Config
 	// Source replaces the Authority with another serving provider.
 	Source ServingSource
 	// CABundle is what the targets receive. Default the Authority's ca.crt;
 	// required with Source when there is any target. Add runs it (if it has
 	// a Run method) unless it is the same object as Source. If it has an
-	// AddObserver(dynamiccert.Observer) method (SelfSigned, Authority), the
+	// AddObserver(authority.Observer) method (SelfSigned, Authority), the
 	// publisher is added as an observer, so a successor CA signs only once
 	// every target holds it.
 	CABundle dynamiccertificates.CAContentProvider

@@ -15,8 +15,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 )
 
 // offlineManager is a manager for an API server that does not exist:
@@ -35,7 +35,7 @@ func offlineManager(t *testing.T) manager.Manager {
 // TestAddRefusesBadConfig shows that each bad input is refused by Add with
 // an error naming the field, before anything is added to the manager.
 func TestAddRefusesBadConfig(t *testing.T) {
-	selfSigned, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"webhook.test"}})
+	selfSigned, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"webhook.test"}})
 	require.NoError(t, err)
 	for _, tc := range []struct {
 		name string
@@ -50,7 +50,7 @@ func TestAddRefusesBadConfig(t *testing.T) {
 		{name: "source without bundle", cfg: Config{Source: selfSigned, CRDs: []string{"widgets.example.com"}}, want: "Config.CABundle is required with Config.Source"},
 		{name: "bad target name", cfg: Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", ValidatingWebhooks: []string{"Not_A_Name"}},
 			want: `PublisherConfig.Targets[0].Name "Not_A_Name" is invalid`},
-		{name: "bad authority", cfg: Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", Authority: dynamiccert.AuthorityConfig{Lifetime: time.Millisecond}},
+		{name: "bad authority", cfg: Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", Authority: authority.Config{Lifetime: time.Millisecond}},
 			want: "Config.Authority: authority ns/ca: lifetime 1ms must be at least"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,7 +75,7 @@ func TestAddRefusesBadConfig(t *testing.T) {
 // needs no CABundle when nothing is published, and ServiceName derives the
 // hosts.
 func TestAddSourceWithoutTargets(t *testing.T) {
-	selfSigned, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"webhook.test"}})
+	selfSigned, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"webhook.test"}})
 	require.NoError(t, err)
 	mgr := offlineManager(t)
 	certs, err := Add(mgr, Config{Source: selfSigned})
@@ -95,7 +95,7 @@ func startedManager(t *testing.T) (manager.Manager, *webhook.DefaultServer, <-ch
 	t.Helper()
 	// The webhook server has a certificate of its own, so it starts and the
 	// manager keeps running.
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"127.0.0.1"}})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"127.0.0.1"}})
 	require.NoError(t, err)
 	require.NoError(t, serving.RunOnce(context.Background()))
 	own := func(c *tls.Config) {
@@ -151,9 +151,9 @@ func TestAddReplicaIDFromPodName(t *testing.T) {
 	t.Setenv("POD_NAME", "operator-6c9f-7xq2k")
 	certs, err := Add(offlineManager(t), Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc"})
 	require.NoError(t, err)
-	assert.Equal(t, "operator-6c9f-7xq2k", certs.rotation.(*dynamiccert.Authority).ReplicaID())
+	assert.Equal(t, "operator-6c9f-7xq2k", certs.rotation.(*authority.Authority).ReplicaID())
 
-	certs, err = Add(offlineManager(t), Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", Authority: dynamiccert.AuthorityConfig{ReplicaID: "operator-0"}})
+	certs, err = Add(offlineManager(t), Config{Namespace: "ns", SecretName: "ca", ServiceName: "svc", Authority: authority.Config{ReplicaID: "operator-0"}})
 	require.NoError(t, err)
-	assert.Equal(t, "operator-0", certs.rotation.(*dynamiccert.Authority).ReplicaID())
+	assert.Equal(t, "operator-0", certs.rotation.(*authority.Authority).ReplicaID())
 }

@@ -3,6 +3,7 @@ package controllerruntime_test
 import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/evercert/evercert/authority"
 	evercert "github.com/evercert/evercert/controllerruntime"
 	"github.com/evercert/evercert/dynamiccert"
 )
@@ -34,7 +35,7 @@ func run() error {
 
 // addSelfSigned is the README's Source recipe.
 func addSelfSigned(mgr ctrl.Manager) (*evercert.Certs, error) {
-	selfSigned, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	selfSigned, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Hosts: []string{"my-operator-webhook.my-operator-system.svc"},
 	})
 	if err != nil {

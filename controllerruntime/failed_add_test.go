@@ -10,7 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // TestFailedAddLeavesTheSourceAlone: an Add that fails because the manager
@@ -22,7 +22,7 @@ import (
 // rotation was an unsafe one.
 func TestFailedAddLeavesTheSourceAlone(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	ss, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	ss, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Hosts: []string{"webhook.test"}, Lifetime: time.Hour, CALifetime: 3 * time.Hour, PropagationDelay: time.Minute, Clock: clk,
 	})
 	require.NoError(t, err)
@@ -70,9 +70,9 @@ func TestFailedAddLeavesTheSourceAlone(t *testing.T) {
 // call's leaf while the first call's publisher kept the first CA in the
 // first call's targets, and /readyz said nothing about them.
 func TestSecondAddIsRefused(t *testing.T) {
-	first, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"first.test"}})
+	first, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"first.test"}})
 	require.NoError(t, err)
-	second, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"second.test"}})
+	second, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"second.test"}})
 	require.NoError(t, err)
 	mgr := offlineManager(t)
 	ws := mgr.GetWebhookServer().(*webhook.DefaultServer)

@@ -23,7 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 )
 
@@ -82,7 +82,7 @@ func TestAddServesMetricsOnTheManagersEndpoint(t *testing.T) {
 // source named name, on clock.
 type metricsManager struct {
 	name       string
-	source     *dynamiccert.SelfSigned
+	source     *authority.SelfSigned
 	clock      *clocktesting.FakeClock
 	metricsURL string
 }
@@ -119,7 +119,7 @@ func (m *metricsManager) leaf() *x509.Certificate {
 func startMetricsManager(t *testing.T, name string) *metricsManager {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Now())
-	source, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	source, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: name, Hosts: []string{"127.0.0.1"}, Lifetime: time.Hour, CALifetime: 24 * time.Hour, Clock: clk,
 	})
 	require.NoError(t, err)

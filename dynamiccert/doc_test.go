@@ -95,11 +95,11 @@ func modulePackages(t *testing.T) []pkgDoc {
 func TestPackageDocHasObservedRotation(t *testing.T) {
 	var doc string
 	for _, p := range modulePackages(t) {
-		if p.dir == "dynamiccert" {
+		if p.dir == "authority" {
 			doc = p.doc
 		}
 	}
-	require.NotEmpty(t, doc, "dynamiccert has no package doc comment")
+	require.NotEmpty(t, doc, "authority has no package doc comment")
 	var headings []string
 	for _, b := range new(comment.Parser).Parse(doc).Content {
 		if h, ok := b.(*comment.Heading); ok {
@@ -112,14 +112,14 @@ func TestPackageDocHasObservedRotation(t *testing.T) {
 			headings = append(headings, text.String())
 		}
 	}
-	assert.Contains(t, headings, "Observed rotation", "headings of the dynamiccert package doc")
+	assert.Contains(t, headings, "Observed rotation", "headings of the authority package doc")
 	var missing []string
 	for _, s := range []string{"PropagationDelay", "Lease", "unsafe rotation", "Clock skew"} {
 		if !strings.Contains(doc, s) {
 			missing = append(missing, s)
 		}
 	}
-	assert.Empty(t, missing, "the dynamiccert package doc must describe observed rotation")
+	assert.Empty(t, missing, "the authority package doc must describe observed rotation")
 }
 
 // TestArchitectureDocIsCurrent checks that docs/architecture.md exists,

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/evercert/evercert/internal/pki"
 )
 
 // KeyType selects the algorithm and size of a key the issuers (SelfSigned,
@@ -64,35 +62,6 @@ func ParseKeyTypes(names []string) ([]KeyType, error) {
 	}
 	return out, nil
 }
-
-// completeKeyTypes returns the default ([ECDSAP256]) for an empty list and
-// checks a given one with ParseKeyTypes, returning a copy the caller owns.
-func completeKeyTypes(kts []KeyType) ([]KeyType, error) {
-	if len(kts) == 0 {
-		return []KeyType{ECDSAP256}, nil
-	}
-	names := make([]string, len(kts))
-	for i, kt := range kts {
-		names[i] = string(kt)
-	}
-	return ParseKeyTypes(names)
-}
-
-// caKeyType is the key type of the CA that signs leaves of every type in
-// kts: the first RSA type when there is one, so that a client that can
-// only verify RSA signatures (the reason to serve an RSA leaf) can verify
-// the chain of every leaf; otherwise the first type.
-func caKeyType(kts []KeyType) KeyType {
-	for _, kt := range kts {
-		if kt == RSA2048 || kt == RSA3072 {
-			return kt
-		}
-	}
-	return kts[0]
-}
-
-// pki converts kt to the internal key type, which has the same names.
-func (kt KeyType) pki() pki.KeyType { return pki.KeyType(kt) }
 
 func joinKeyTypes(kts []KeyType) string {
 	names := make([]string, len(kts))

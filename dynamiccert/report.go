@@ -1,12 +1,9 @@
 package dynamiccert
 
 import (
-	"errors"
-
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 
-	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certreport"
 )
 
@@ -27,21 +24,6 @@ func newReporter(name string, recorder events.EventRecorder, object runtime.Obje
 // failed records err (which must name the source) and returns it.
 func (r *reporter) failed(err error) error {
 	r.Failed(err)
-	return err
-}
-
-// failedCheck records err, a failed check of an issuer, like failed. A CA
-// Secret that cannot be used and that this replica cannot repair
-// (unrepairableError) is a condition that lasts until someone repairs it,
-// not one failure: it is logged and sent as an Event once (per distinct
-// content, as failed does), but every failed check is counted, so that
-// evercert_certificate_load_errors_total keeps growing for as long as it
-// lasts and an alert on its rate keeps firing.
-func (r *reporter) failedCheck(err error) error {
-	var broken *unrepairableError
-	if !r.Failed(err) && errors.As(err, &broken) {
-		certmetrics.LoadError(r.Provider())
-	}
 	return err
 }
 

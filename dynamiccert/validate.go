@@ -11,7 +11,7 @@ import (
 )
 
 // ValidateHost checks one entry of a list of hosts a leaf is made for
-// (SelfSignedConfig.Hosts, AuthorityConfig.Hosts, server's
+// (SelfSignedConfig.Hosts, authority.Config.Hosts, server's
 // --self-signed-hosts): a DNS name (an RFC 1123 subdomain such as
 // "webhook.ns.svc"; upper case is accepted, as names compare without
 // case), a wildcard "*.<DNS name>", or an IPv4 or IPv6 address without a
@@ -106,20 +106,3 @@ func ValidateHosts(field string, hosts []string) error {
 // rotation schedule adds to it; a longer one used to overflow into a
 // negative CA lifetime ("lifetimes must be positive").
 const MaxLifetime = 200 * 365 * 24 * time.Hour
-
-// checkLifetimes refuses a Lifetime or CALifetime beyond MaxLifetime, and
-// a Lifetime whose default CA lifetime (caFactor × Lifetime, used when
-// caLifetime is 0) would be, naming the fields and the limit. It runs
-// before the defaults are computed, so nothing overflows.
-func checkLifetimes(lifetime, caLifetime time.Duration, caFactor int64) error {
-	switch {
-	case lifetime > MaxLifetime:
-		return fmt.Errorf("the Lifetime %v must be at most %v (MaxLifetime)", lifetime, MaxLifetime)
-	case caLifetime > MaxLifetime:
-		return fmt.Errorf("the CALifetime %v must be at most %v (MaxLifetime)", caLifetime, MaxLifetime)
-	case caLifetime == 0 && lifetime > MaxLifetime/time.Duration(caFactor):
-		return fmt.Errorf("the Lifetime %v must be at most %v while CALifetime is left to its default, %d × Lifetime, which must be at most %v (MaxLifetime); set CALifetime to allow a longer Lifetime",
-			lifetime, MaxLifetime/time.Duration(caFactor), caFactor, MaxLifetime)
-	}
-	return nil
-}

@@ -36,7 +36,7 @@ benches=(
   "./test/handshake/:^BenchmarkServerResumption$:${RESUMPTIONS}x"
   "./sni/:^BenchmarkSNIScale$"
   "./sni/:^BenchmarkRotationPropagation$:${ROTATIONS}x"
-  "./dynamiccert/:^BenchmarkSelfSignedGenerate$"
+  "./authority/:^BenchmarkSelfSignedGenerate$"
   "./loopback/:^BenchmarkLoopback"
   "./cabundle/:^BenchmarkPublisherScale$:1x"
 )

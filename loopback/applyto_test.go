@@ -13,7 +13,7 @@ import (
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/client-go/rest"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -51,7 +51,7 @@ func TestApplyToNoop(t *testing.T) {
 }
 
 func TestApplyTo(t *testing.T) {
-	sniFirst, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "other", Hosts: []string{"other.example"}})
+	sniFirst, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "other", Hosts: []string{"other.example"}})
 	require.NoError(t, err)
 	info := newInfo(t)
 	info.SNICerts = []dynamiccertificates.SNICertKeyContentProvider{sniFirst}

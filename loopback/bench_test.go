@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/loopback"
@@ -28,7 +29,7 @@ func BenchmarkLoopbackSetup(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ln.Close()
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "serving"})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "serving"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -36,7 +37,7 @@ const (
 // WrapTransport, is verified against the current CA bundle, so a client never
 // needs rebuilding. All methods are safe for concurrent use.
 type Certificate struct {
-	ss        *dynamiccert.SelfSigned
+	ss        *authority.SelfSigned
 	opts      CertificateConfig
 	transport *http.Transport
 	trust     trust
@@ -61,7 +62,7 @@ func NewCertificate(opts CertificateConfig) (*Certificate, error) {
 	if err := opts.complete(); err != nil {
 		return nil, fmt.Errorf("loopback certificate: %w", err)
 	}
-	ss, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	ss, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name:        ProviderName,
 		CommonName:  ServerName,
 		Hosts:       []string{ServerName},

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -18,8 +19,8 @@ const (
 	// MinValidity is the shortest Validity accepted. Shorter lifetimes leave
 	// no room for scheduling delays between renewal and expiry; X.509
 	// cannot express them, and the leaf is re-issued at most once per
-	// dynamiccert.MinReissueInterval.
-	MinValidity = dynamiccert.MinLifetime
+	// authority.MinReissueInterval.
+	MinValidity = authority.MinLifetime
 )
 
 // CertificateConfig configures a loopback Certificate. The zero value is
@@ -27,7 +28,7 @@ const (
 //
 // The CA that signs the leaf is derived from Validity: it lives three
 // validities, its successor joins the CA bundle one validity before it
-// expires and starts signing a little later (see dynamiccert.SelfSignedConfig
+// expires and starts signing a little later (see authority.SelfSignedConfig
 // for the exact schedule), so a trust bundle always holds every CA a served
 // leaf can chain to.
 type CertificateConfig struct {

@@ -10,7 +10,7 @@
 //
 //   - New makes a Certificate: a CA and a leaf for the server name
 //     ServerName ("apiserver-loopback-client"), kept and rotated in memory by
-//     a dynamiccert.SelfSigned (ECDSA P-256 by default, a few hundred
+//     a authority.SelfSigned (ECDSA P-256 by default, a few hundred
 //     microseconds). The leaf is served for that SNI name only.
 //   - (*Certificate).RestConfig returns a rest.Config (Host, random bearer
 //     token, QPS -1, as upstream) whose every new TLS connection is verified

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apiserver/pkg/util/compatibility"
 	"k8s.io/client-go/rest"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/loopback"
 )
 
@@ -30,7 +30,7 @@ type genericServer struct {
 	addr     string
 	loopback *rest.Config
 	cert     *loopback.Certificate // nil with upstream's loopback
-	serving  *dynamiccert.SelfSigned
+	serving  *authority.SelfSigned
 }
 
 // newCodecs returns codecs for the unversioned meta types every server
@@ -51,7 +51,7 @@ func startGenericServer(tb testing.TB, upstream bool) *genericServer {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "serving"})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "serving"})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/options"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // DefaultServingName is the provider name of the self-signed serving
@@ -27,7 +27,7 @@ type ApplyConfig struct {
 	Loopback CertificateConfig
 	// Serving is the default serving certificate, the one served to clients
 	// whose SNI matches no SNI certificate: any CertKeyContentProvider, e.g.
-	// a dynamiccert.SelfSigned, Authority, FileCertKey or SecretCertKey.
+	// a authority.SelfSigned, Authority, FileCertKey or SecretCertKey.
 	// genericapiserver runs it while it serves (when it is a
 	// ControllerRunner) and serves every change it announces. It cannot be
 	// combined with --tls-cert-file/--tls-private-key-file or
@@ -35,10 +35,10 @@ type ApplyConfig struct {
 	//
 	// Default nil: the certificate files when given (upstream's provider,
 	// which reloads them on change), else ServerCert.GeneratedCert when set,
-	// else a dynamiccert.SelfSigned named DefaultServingName for
-	// dynamiccert.DefaultSelfSignedHosts plus the bind address when it is
+	// else a authority.SelfSigned named DefaultServingName for
+	// authority.DefaultSelfSignedHosts plus the bind address when it is
 	// neither loopback nor unspecified plus AlternateDNS and AlternateIPs,
-	// with dynamiccert's default lifetimes and Loopback.Clock. It replaces
+	// with authority's default lifetimes and Loopback.Clock. It replaces
 	// upstream's never-rotated certificate from
 	// MaybeDefaultWithSelfSignedCerts; do not call that (its certificate
 	// would be used instead), pass its alternate names in AlternateDNS and
@@ -64,7 +64,7 @@ type Applied struct {
 	Loopback *Certificate
 	// Serving is the default serving certificate (cfg.SecureServing.Cert):
 	// ApplyConfig.Serving, the provider of the certificate files or
-	// GeneratedCert, or the self-signed default, a *dynamiccert.SelfSigned
+	// GeneratedCert, or the self-signed default, a *authority.SelfSigned
 	// whose CA bundle clients (and an APIService's caBundle) trust.
 	//
 	// The self-signed default's CA exists only in memory and rotates: there
@@ -74,7 +74,7 @@ type Applied struct {
 	// APIService, and make the publisher an observer of the CA rotation, so
 	// that a successor CA signs only once the APIService holds it:
 	//
-	//	ca := applied.Serving.(*dynamiccert.SelfSigned)
+	//	ca := applied.Serving.(*authority.SelfSigned)
 	//	publisher, err := cabundle.NewPublisher(cabundle.PublisherConfig{
 	//		Source: ca, KubeConfig: cfg.ClientConfig, // or AggregatorClient
 	//		Targets: []cabundle.Target{{Kind: cabundle.APIService, Name: "v1alpha1.wardle.example.com"}},
@@ -98,8 +98,8 @@ type Applied struct {
 //     cfg.LoopbackClientConfig, the "loopback-serving-certificate" check on
 //     /healthz and /livez, and the rotation post-start hook;
 //  4. a "ca-rotation:<name>" check on /healthz and /readyz when the serving
-//     certificate reports its CA rotation (dynamiccert.RotationReporter:
-//     SelfSigned, Authority; see dynamiccert.RotationCheck);
+//     certificate reports its CA rotation (authority.RotationReporter:
+//     SelfSigned, Authority; see authority.RotationCheck);
 //  5. everything else in o, through upstream's RecommendedOptions.ApplyTo on
 //     a copy of o without SecureServing: Etcd, EgressSelector, Traces,
 //     Authentication, Authorization, Audit, CoreAPI, Features,
@@ -185,10 +185,10 @@ func ApplyRecommendedOptions(o *options.RecommendedOptions, cfg *server.Recommen
 			return nil, fmt.Errorf("loopback certificate: %w", err)
 		}
 		applied.Loopback, applied.Serving = cert, info.Cert
-		if r, ok := info.Cert.(dynamiccert.RotationReporter); ok {
+		if r, ok := info.Cert.(authority.RotationReporter); ok {
 			// A stalled CA rotation waits for an observer; a restart does not
 			// help, so it is no liveness check.
-			check := dynamiccert.RotationCheck(r)
+			check := authority.RotationCheck(r)
 			cfg.AddHealthzChecks(check)
 			cfg.AddReadyzChecks(check)
 		}
@@ -270,7 +270,7 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 	if info.Cert != nil {
 		return nil // certificate files or GeneratedCert
 	}
-	hosts := slices.Clone(dynamiccert.DefaultSelfSignedHosts)
+	hosts := slices.Clone(authority.DefaultSelfSignedHosts)
 	if ip := bindIP(info, ss); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
 		hosts = append(hosts, ip.String())
 	}
@@ -279,7 +279,7 @@ func applyServing(info *server.SecureServingInfo, ss *options.SecureServingOptio
 		hosts = append(hosts, ip.String())
 	}
 	hosts = uniqueInOrder(hosts) // DefaultSelfSignedHosts first, then in the order given
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name:  DefaultServingName,
 		Hosts: hosts,
 		Clock: opts.Loopback.Clock,

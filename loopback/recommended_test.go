@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/proctest"
 	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/loopback"
@@ -104,7 +104,7 @@ func TestApplyRecommendedOptions(t *testing.T) {
 	assert.Same(t, cfg.LoopbackClientConfig, initializerConfig, "ExtraAdmissionInitializers got evercert's loopback client config")
 	assert.NotNil(t, o.SecureServing, "the caller's options keep their SecureServing")
 
-	serving, ok := applied.Serving.(*dynamiccert.SelfSigned)
+	serving, ok := applied.Serving.(*authority.SelfSigned)
 	require.True(t, ok, "the default serving certificate is self-signed in memory, got %T", applied.Serving)
 	assert.Equal(t, loopback.DefaultServingName, serving.Name())
 	assert.Same(t, serving, cfg.SecureServing.Cert)
@@ -205,7 +205,7 @@ func TestApplyRecommendedOptionsWrongOrder(t *testing.T) {
 // certificate files or GeneratedCert, or with secure serving off, it is an
 // error that names the conflict, and no listener is opened.
 func TestApplyRecommendedOptionsServing(t *testing.T) {
-	provider, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "mine"})
+	provider, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "mine"})
 	require.NoError(t, err)
 
 	o, cfg := recommendedOptions(t), newRecommendedConfig()
@@ -309,7 +309,7 @@ func TestApplyRecommendedOptionsAlternateNames(t *testing.T) {
 		assert.NoError(t, err, "handshake for %q verifies against the applied serving CA", name)
 	}
 
-	provider, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "mine"})
+	provider, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "mine"})
 	require.NoError(t, err)
 	_, err = loopback.ApplyRecommendedOptions(recommendedOptions(t), newRecommendedConfig(), loopback.ApplyConfig{Serving: provider, AlternateDNS: []string{svcName}})
 	assert.ErrorContains(t, err, "AlternateDNS [wardle-server.wardle.svc]")

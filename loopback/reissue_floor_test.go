@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/clocktest"
 	"github.com/evercert/evercert/loopback"
 )
@@ -42,7 +42,7 @@ func (f listenerFunc) Enqueue() { f() }
 // its renew-before, so Run re-issued it at once, forever (8,133 re-issues
 // and 2.5 MB of log in 8 s with the example server's --loopback-validity=1s).
 // Through Run on a fake clock the leaf is now issued at most once per
-// dynamiccert.MinReissueInterval, the health check never reports a stall,
+// authority.MinReissueInterval, the health check never reports a stall,
 // and the loopback client verifies the server at every step.
 func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	start := time.Date(2030, 1, 1, 0, 0, 0, 900_000_000, time.UTC)
@@ -65,7 +65,7 @@ func TestOneSecondValidityDoesNotSpin(t *testing.T) {
 	go func() { defer close(done); c.Run(ctx, 1) }()
 	defer func() { cancel(); <-done }()
 
-	bound := func() int { return int(clk.Now().Sub(start)/dynamiccert.MinReissueInterval) + 1 }
+	bound := func() int { return int(clk.Now().Sub(start)/authority.MinReissueInterval) + 1 }
 	settle := func() {
 		deadline := time.Now().Add(30 * time.Second)
 		for !clk.HasWaiters() {

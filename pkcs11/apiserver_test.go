@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/testcluster"
 )
@@ -41,10 +42,10 @@ func TestAuthorityCAKeyInSoftHSMOnRealAPIServer(t *testing.T) {
 	if s.Type != corev1.SecretTypeOpaque {
 		t.Errorf("Secret type %q, want Opaque", s.Type)
 	}
-	ref := string(s.Data[dynamiccert.AuthorityKeyRefKey])
+	ref := string(s.Data[authority.KeyRefKey])
 	ca := signingCA(t, s)
 	assertKeyInToken(t, newKeySource(t, label, pin), ref, ca)
-	for _, a := range []*dynamiccert.Authority{a1, a2} {
+	for _, a := range []*authority.Authority{a1, a2} {
 		if leaf := handshake(t, serve(t, a), s.Data[dynamiccert.SecretCAKey], clk); leaf.CheckSignatureFrom(ca) != nil {
 			t.Fatalf("%s serves a leaf the CA in the token did not sign", a.ReplicaID())
 		}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -47,14 +48,14 @@ const (
 // The key store's timeout runs on clk, which the tests step while SoftHSM
 // works in real time: it is an hour here, so that only the test of an HSM
 // that hangs (newAuthorityTimeout) ever reaches it.
-func newAuthority(t testing.TB, client kubernetes.Interface, clk clock.WithTicker, name, replica string, keys dynamiccert.CAKeySource) *dynamiccert.Authority {
+func newAuthority(t testing.TB, client kubernetes.Interface, clk clock.WithTicker, name, replica string, keys authority.CAKeySource) *authority.Authority {
 	t.Helper()
 	return newAuthorityTimeout(t, client, clk, name, replica, keys, time.Hour)
 }
 
-func newAuthorityTimeout(t testing.TB, client kubernetes.Interface, clk clock.WithTicker, name, replica string, keys dynamiccert.CAKeySource, timeout time.Duration) *dynamiccert.Authority {
+func newAuthorityTimeout(t testing.TB, client kubernetes.Interface, clk clock.WithTicker, name, replica string, keys authority.CAKeySource, timeout time.Duration) *authority.Authority {
 	t.Helper()
-	a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	a, err := authority.New(authority.Config{
 		Name: name, Namespace: "ns", SecretName: "ca", Client: client,
 		Hosts: []string{"127.0.0.1"}, Lifetime: testLifetime, PropagationDelay: testPropagation,
 		ReplicaID: replica, CAKeys: keys, CAKeyTimeout: timeout, Clock: clk,
@@ -66,7 +67,7 @@ func newAuthorityTimeout(t testing.TB, client kubernetes.Interface, clk clock.Wi
 }
 
 // run runs a's Run loop until the test ends.
-func run(t testing.TB, a *dynamiccert.Authority) {
+func run(t testing.TB, a *authority.Authority) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { a.Run(ctx, 1) })
@@ -130,7 +131,7 @@ func signingCA(t testing.TB, s *corev1.Secret) *x509.Certificate {
 }
 
 // serve serves a's leaf over TLS on 127.0.0.1 and returns the address.
-func serve(t testing.TB, a *dynamiccert.Authority) string {
+func serve(t testing.TB, a *authority.Authority) string {
 	t.Helper()
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -177,7 +178,7 @@ func handshake(t testing.TB, addr string, bundle []byte, clk clock.Clock) *x509.
 	return conn.ConnectionState().PeerCertificates[0]
 }
 
-func assertKeyInToken(t testing.TB, ks dynamiccert.CAKeySource, ref string, ca *x509.Certificate) {
+func assertKeyInToken(t testing.TB, ks authority.CAKeySource, ref string, ca *x509.Certificate) {
 	t.Helper()
 	key, err := ks.FindKey(context.Background(), ref)
 	if err != nil {
@@ -205,7 +206,7 @@ func TestAuthorityCAKeyInSoftHSM(t *testing.T) {
 	if _, ok := s.Data[corev1.TLSPrivateKeyKey]; ok {
 		t.Error("tls.key is in the Secret")
 	}
-	ref := string(s.Data[dynamiccert.AuthorityKeyRefKey])
+	ref := string(s.Data[authority.KeyRefKey])
 	ca := signingCA(t, s)
 	assertKeyInToken(t, ks2, ref, ca)
 	addr1 := serve(t, a1)
@@ -227,7 +228,7 @@ func TestAuthorityCAKeyInSoftHSM(t *testing.T) {
 	cfg := a1.Config()
 	clk.SetTime(ca.NotAfter.Add(-cfg.CARenewBefore).Add(time.Minute))
 	waitFor(t, "a successor CA with its key in the token", nil, func() bool {
-		return len(getSecret(t, client).Data[dynamiccert.AuthorityNextKeyRefKey]) > 0
+		return len(getSecret(t, client).Data[authority.NextKeyRefKey]) > 0
 	})
 	s = getSecret(t, client)
 	assertNoPrivateKey(t, s)
@@ -240,12 +241,12 @@ func TestAuthorityCAKeyInSoftHSM(t *testing.T) {
 		if t.Failed() {
 			s := getSecret(t, client)
 			t.Logf("replica-1: %+v\nreplica-2: %+v\nlast errors: %v, %v\nsecret refs %q %q",
-				a1.Status(), a2.Status(), a1.LastError(), a2.LastError(), s.Data[dynamiccert.AuthorityKeyRefKey], s.Data[dynamiccert.AuthorityNextKeyRefKey])
+				a1.Status(), a2.Status(), a1.LastError(), a2.LastError(), s.Data[authority.KeyRefKey], s.Data[authority.NextKeyRefKey])
 		}
 	}()
 	waitFor(t, "the successor to sign on both replicas", func() { clk.Step(time.Second) }, func() bool {
 		s := getSecret(t, client)
-		nextRef = string(s.Data[dynamiccert.AuthorityKeyRefKey])
+		nextRef = string(s.Data[authority.KeyRefKey])
 		return nextRef != ref &&
 			a1.Leaf() != nil && a1.Leaf().CheckSignatureFrom(signingCA(t, s)) == nil &&
 			a2.Leaf() != nil && a2.Leaf().CheckSignatureFrom(signingCA(t, s)) == nil
@@ -365,7 +366,7 @@ func TestAuthorityCAKeyRemovedFromToken(t *testing.T) {
 	run(t, a)
 	waitFor(t, "the first leaf", nil, func() bool { return a.Leaf() != nil })
 	s := getSecret(t, client)
-	ref := string(s.Data[dynamiccert.AuthorityKeyRefKey])
+	ref := string(s.Data[authority.KeyRefKey])
 	addr := serve(t, a)
 	first := handshake(t, addr, s.Data[dynamiccert.SecretCAKey], clk)
 
@@ -399,7 +400,7 @@ func TestAuthorityCAKeyRemovedFromToken(t *testing.T) {
 	run(t, b)
 	waitFor(t, "the new replica's error", nil, func() bool { return b.LastError() != nil })
 	err = b.LastError().Error()
-	for _, want := range []string{"ns/ca", dynamiccert.AuthorityKeyRefKey, `pkcs11 token "` + label + `"`, `"` + ref + `" is not in the token`} {
+	for _, want := range []string{"ns/ca", authority.KeyRefKey, `pkcs11 token "` + label + `"`, `"` + ref + `" is not in the token`} {
 		if !strings.Contains(err, want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
@@ -413,7 +414,7 @@ func TestAuthorityCAKeyRemovedFromToken(t *testing.T) {
 // set: an HSM that hangs. Signatures started then return once release is
 // closed.
 type hangingSource struct {
-	dynamiccert.CAKeySource
+	authority.CAKeySource
 	hang    atomic.Bool
 	release chan struct{}
 	started atomic.Int64
@@ -522,7 +523,7 @@ func TestAuthorityWithoutCAKeysRefusesKeyRef(t *testing.T) {
 	run(t, b)
 	waitFor(t, "the error", nil, func() bool { return b.LastError() != nil })
 	err := b.LastError().Error()
-	for _, want := range []string{"ns/ca", dynamiccert.AuthorityKeyRefKey, "no CAKeys"} {
+	for _, want := range []string{"ns/ca", authority.KeyRefKey, "no CAKeys"} {
 		if !strings.Contains(err, want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
@@ -555,7 +556,7 @@ func TestAuthorityMovesPEMKeyIntoSoftHSM(t *testing.T) {
 	a := newAuthority(t, client, clk, "hsm-move", "replica-1", newKeySource(t, label, pin))
 	run(t, a)
 	waitFor(t, "a leaf from the CA in the Secret and a successor in the token", nil, func() bool {
-		return a.Leaf() != nil && len(getSecret(t, client).Data[dynamiccert.AuthorityNextKeyRefKey]) > 0
+		return a.Leaf() != nil && len(getSecret(t, client).Data[authority.NextKeyRefKey]) > 0
 	})
 	if a.Leaf().CheckSignatureFrom(pemCA) != nil {
 		t.Fatal("the CA in force stopped signing before its successor was observed")
@@ -563,7 +564,7 @@ func TestAuthorityMovesPEMKeyIntoSoftHSM(t *testing.T) {
 	clk.Step(testPropagation + time.Second)
 	waitFor(t, "the successor to sign", func() { clk.Step(time.Second) }, func() bool {
 		s := getSecret(t, client)
-		return len(s.Data[dynamiccert.AuthorityKeyRefKey]) > 0 && a.Leaf().CheckSignatureFrom(signingCA(t, s)) == nil
+		return len(s.Data[authority.KeyRefKey]) > 0 && a.Leaf().CheckSignatureFrom(signingCA(t, s)) == nil
 	})
 	s := getSecret(t, client)
 	assertNoPrivateKey(t, s)
@@ -598,7 +599,7 @@ func TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM(t *testing.T) {
 	errs := make(chan error, 16)
 	for range 16 {
 		wg.Go(func() {
-			leaf, err := a.SignLeaf(dynamiccert.LeafRequest{PublicKey: pod.Public(), DNSNames: []string{"pod.ns.svc"}, Lifetime: time.Hour})
+			leaf, err := a.SignLeaf(authority.LeafRequest{PublicKey: pod.Public(), DNSNames: []string{"pod.ns.svc"}, Lifetime: time.Hour})
 			if err == nil {
 				err = leaf.Cert.CheckSignatureFrom(ca)
 			}

@@ -1,6 +1,6 @@
 // Package pkcs11 keeps an evercert Authority's CA private keys in a PKCS#11
 // token (an HSM, a cloud HSM's PKCS#11 library, or SoftHSM2) instead of its
-// CA Secret: KeySource implements dynamiccert.CAKeySource. The Secret then
+// CA Secret: KeySource implements authority.CAKeySource. The Secret then
 // holds the CA certificates and each key's label (the reference), never a
 // private key; every replica opens the same token and finds the key by its
 // label. See docs/architecture.md.

@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/pkcs11"
 )
 
@@ -23,7 +23,7 @@ func ExampleKeySource() {
 		log.Fatal(err)
 	}
 	defer keys.Close()
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	ca, err := authority.New(authority.Config{
 		Namespace: "webhooks", SecretName: "webhook-ca", Client: client,
 		Hosts:  []string{"webhook.webhooks.svc"},
 		CAKeys: keys,
@@ -31,6 +31,6 @@ func ExampleKeySource() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go authority.Run(context.Background(), 1)
-	// Serve authority through the sni controller, as any Authority.
+	go ca.Run(context.Background(), 1)
+	// Serve ca through the sni controller, as any Authority.
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/ThalesGroup/crypto11"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 )
@@ -72,7 +73,7 @@ type Config struct {
 //
 // A call that hangs in the module keeps a reopening, and so every other
 // call on the library in this process, waiting until it returns: the
-// Authority bounds each call (AuthorityConfig.CAKeyTimeout) and then fails
+// Authority bounds each call (authority.Config.CAKeyTimeout) and then fails
 // at once while one is stuck. It is safe for concurrent use.
 type KeySource struct {
 	cfg  Config
@@ -128,7 +129,7 @@ func moduleFor(path string) *module {
 	return m
 }
 
-var _ dynamiccert.CAKeySource = &KeySource{}
+var _ authority.CAKeySource = &KeySource{}
 
 // New validates cfg; it does not open the token.
 func New(cfg Config) (*KeySource, error) {
@@ -410,7 +411,7 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 	return ok && eq.Equal(b)
 }
 
-// DeleteKey deletes the key pair labelled ref (dynamiccert.CAKeyDeleter):
+// DeleteKey deletes the key pair labelled ref (authority.CAKeyDeleter):
 // the Authority deletes the keys it made for CAs whose Secret write another
 // replica won. A key that is already gone (after reopening the token, see
 // KeySource) is not an error.

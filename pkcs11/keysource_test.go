@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -40,9 +41,9 @@ func TestKeySourceMakesAndFindsKeys(t *testing.T) {
 	if _, err := other.FindKey(ctx, "evercert-ca-missing"); err == nil || !strings.Contains(err.Error(), `"evercert-ca-missing" is not in the token`) {
 		t.Fatalf("missing key: %v", err)
 	}
-	// Deleting (dynamiccert.CAKeyDeleter, for keys made for a lost Secret
+	// Deleting (authority.CAKeyDeleter, for keys made for a lost Secret
 	// write): gone for every source on the token; deleting again is fine.
-	var _ dynamiccert.CAKeyDeleter = ks
+	var _ authority.CAKeyDeleter = ks
 	if err := ks.DeleteKey(ctx, ref); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // Limits the PodCertificateRequest API enforces on an issued certificate.
@@ -44,21 +44,21 @@ const (
 	DefaultBackdate = 2 * time.Minute
 )
 
-// LeafSigner signs the leaves: *dynamiccert.Authority, whose SignLeaf signs
+// LeafSigner signs the leaves: *authority.Authority, whose SignLeaf signs
 // only with its observed signing CA and whose listeners hear when that CA
 // changes.
 type LeafSigner interface {
 	// Name identifies it in logs and condition messages.
 	Name() string
 	// SignLeaf signs a key held elsewhere; errors wrapping
-	// dynamiccert.ErrNoSigningCA and *dynamiccert.CAEndsTooSoonError mean
+	// authority.ErrNoSigningCA and *authority.CAEndsTooSoonError mean
 	// "not now".
-	SignLeaf(dynamiccert.LeafRequest) (*dynamiccert.SignedLeaf, error)
+	SignLeaf(authority.LeafRequest) (*authority.SignedLeaf, error)
 	// AddListener registers a listener told when the signing CA changes.
 	AddListener(dynamiccertificates.Listener)
 }
 
-var _ LeafSigner = &dynamiccert.Authority{}
+var _ LeafSigner = &authority.Authority{}
 
 // SignerConfig configures a Signer. Fields marked required have no default;
 // the others may be left zero.
@@ -67,7 +67,7 @@ type SignerConfig struct {
 	// "evercert.io/serving"; requests for other signers are left alone.
 	// Required. Names under kubernetes.io are reserved.
 	SignerName string
-	// CA signs the leaves, normally a *dynamiccert.Authority that runs
+	// CA signs the leaves, normally a *authority.Authority that runs
 	// (its Run loop rotates the CA). Required. An Authority whose schedule
 	// can never give a leaf MinLifetime (CASchedule.LongestLeaf) is an
 	// error wrapping ErrCANeverCoversMinLifetime.

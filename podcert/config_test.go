@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // TestNewRefusesBadConfig: every bad field is reported at once, by name.
@@ -138,8 +138,8 @@ func TestRedactPEM(t *testing.T) {
 // accepted.
 func TestNewRefusesCAThatNeverCoversMinLifetime(t *testing.T) {
 	e := newEnv(t)
-	authority := func(caLifetime time.Duration) *dynamiccert.Authority {
-		a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	authority := func(caLifetime time.Duration) *authority.Authority {
+		a, err := authority.New(authority.Config{
 			Namespace: "evercert", SecretName: "short-ca", Client: e.api, Hosts: []string{"signer.evercert.svc"},
 			Lifetime: 6 * time.Minute, CALifetime: caLifetime, CARenewBefore: 10 * time.Minute, Clock: e.clk,
 		})

@@ -1,6 +1,6 @@
 // Package podcert signs Kubernetes PodCertificateRequests
 // (certificates.k8s.io/v1, GA in Kubernetes 1.37) for a signer name of your
-// own, with the CA of a dynamiccert.Authority, through its CA rotations.
+// own, with the CA of a authority.Authority, through its CA rotations.
 //
 // A pod asks for a certificate with a podCertificate projected volume:
 //

@@ -32,7 +32,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // testNow is the fake clocks' start. Certificate times have second
@@ -125,7 +125,7 @@ type env struct {
 	t     *testing.T
 	api   *fakeAPI
 	clk   *clocktesting.FakeClock
-	ca    *dynamiccert.Authority
+	ca    *authority.Authority
 	obs   *testObserver
 	seq   atomic.Int64
 	ctx   context.Context
@@ -164,12 +164,12 @@ func (e *env) stop() {
 }
 
 // authority starts one Authority replica on the shared CA Secret.
-func (e *env) authority(id string) *dynamiccert.Authority {
+func (e *env) authority(id string) *authority.Authority {
 	e.t.Helper()
-	a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	a, err := authority.New(authority.Config{
 		Name: "podcert-test-" + id, Namespace: "evercert", SecretName: "signer-ca", Client: e.api, ReplicaID: id,
 		Hosts: []string{"signer.evercert.svc"}, Lifetime: 6 * time.Hour, CALifetime: 48 * time.Hour, CARenewBefore: 16 * time.Hour,
-		PropagationDelay: time.Hour, Observers: []dynamiccert.Observer{e.obs}, Clock: e.clk, DisableReplicaAnnouncements: true,
+		PropagationDelay: time.Hour, Observers: []authority.Observer{e.obs}, Clock: e.clk, DisableReplicaAnnouncements: true,
 	})
 	require.NoError(e.t, err)
 	e.wg.Go(func() { a.Run(e.ctx, 1) })

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 )
@@ -69,7 +69,7 @@ type barrierCA struct {
 	b *barrier
 }
 
-func (c barrierCA) SignLeaf(req dynamiccert.LeafRequest) (*dynamiccert.SignedLeaf, error) {
+func (c barrierCA) SignLeaf(req authority.LeafRequest) (*authority.SignedLeaf, error) {
 	der, err := x509.MarshalPKIXPublicKey(req.PublicKey)
 	require.NoError(c.b.t, err)
 	k := string(der)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // ErrCANeverCoversMinLifetime is wrapped by NewSigner's error when the CA's
@@ -14,15 +14,15 @@ import (
 var ErrCANeverCoversMinLifetime = errors.New("the signing CA can never cover the API's minimum leaf lifetime")
 
 // CASchedule is the part of an Authority's schedule that bounds the leaves
-// a Signer can issue: dynamiccert.AuthorityConfig's CALifetime,
+// a Signer can issue: authority.Config's CALifetime,
 // CARenewBefore and PropagationDelay, with their defaults filled in.
 type CASchedule struct {
 	CALifetime, CARenewBefore, PropagationDelay time.Duration
 }
 
-// scheduleReporter is implemented by *dynamiccert.Authority.
+// scheduleReporter is implemented by *authority.Authority.
 type scheduleReporter interface {
-	Config() dynamiccert.AuthorityConfig
+	Config() authority.Config
 }
 
 // caSchedule returns ca's schedule, if it reports one.

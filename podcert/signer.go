@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 )
@@ -72,7 +72,7 @@ const maxAttempts = 3
 const maxMessage = 2048
 
 // Signer signs the PodCertificateRequests addressed to one signer name
-// (spec.signerName) with a CA, normally a dynamiccert.Authority, and
+// (spec.signerName) with a CA, normally a authority.Authority, and
 // through its rotations: every leaf comes from the CA that signs now, which
 // the Authority promotes only once observed.
 //
@@ -376,13 +376,13 @@ func (s *Signer) sync(ctx context.Context, k string) (wait bool, err error) {
 	if len(d.names[0]) <= 64 { // the X.509 upper bound of a common name
 		commonName = d.names[0]
 	}
-	leaf, err := s.cfg.CA.SignLeaf(dynamiccert.LeafRequest{
+	leaf, err := s.cfg.CA.SignLeaf(authority.LeafRequest{
 		PublicKey: d.pub, CommonName: commonName, DNSNames: d.names,
 		Lifetime: d.lifetime, MinLifetime: MinLifetime, Backdate: s.cfg.Backdate,
 	})
-	var tooSoon *dynamiccert.CAEndsTooSoonError
+	var tooSoon *authority.CAEndsTooSoonError
 	switch {
-	case errors.Is(err, dynamiccert.ErrNoSigningCA) || errors.As(err, &tooSoon):
+	case errors.Is(err, authority.ErrNoSigningCA) || errors.As(err, &tooSoon):
 		s.mu.Lock()
 		_, already := s.waiting[k]
 		s.waiting[k] = err.Error()

@@ -14,6 +14,7 @@ import (
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/errlog"
@@ -102,7 +103,7 @@ func (o *Options) build(kubeClient func() (kubernetes.Interface, error), extraSN
 			break
 		}
 		ns, name, _ := splitNamespacedName(o.CASecret)
-		p, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		p, err := authority.New(authority.Config{
 			Name: "ca-secret", Namespace: ns, SecretName: name, Client: client,
 			Hosts: o.SelfSignedHosts, KeyTypes: o.keyTypes(), Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 			CALifetime: o.CAValidity, CARenewBefore: o.CARenewBefore, PropagationDelay: o.CAPropagationDelay,
@@ -114,7 +115,7 @@ func (o *Options) build(kubeClient func() (kubernetes.Interface, error), extraSN
 		s.Serving, s.TrustBundle, s.apiSource, s.apiFlag = p, p, p, "--ca-secret "+o.CASecret
 		s.runners = append(s.runners, p)
 	case len(o.SNICertKeys) == 0:
-		p, err := dynamiccert.NewSelfSigned(o.selfSignedConfig())
+		p, err := authority.NewSelfSigned(o.selfSignedConfig())
 		if err != nil {
 			return nil, fmt.Errorf("self-signed default (%s): %w", scheduleFlags, err)
 		}
@@ -152,7 +153,7 @@ func (o *Options) build(kubeClient func() (kubernetes.Interface, error), extraSN
 	if o.CABundleFile != "" && s.TrustBundle != nil {
 		s.bundleFile = newBundleFileWriter(o.CABundleFile, s.TrustBundle, o.Clock)
 		// A successor CA signs only once the file holds it.
-		if issuer, ok := s.TrustBundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+		if issuer, ok := s.TrustBundle.(interface{ AddObserver(authority.Observer) }); ok {
 			issuer.AddObserver(s.bundleFile)
 		}
 	}

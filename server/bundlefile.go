@@ -15,7 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
@@ -36,7 +36,7 @@ const (
 
 // bundleFileWriter keeps a file equal to a CA provider's bundle, so clients
 // such as curl can trust a rotating self-signed CA. It is also a
-// dynamiccert.Observer of that provider, named "ca-bundle-file": a
+// authority.Observer of that provider, named "ca-bundle-file": a
 // successor CA signs only once the file holds it.
 type bundleFileWriter struct {
 	path    string
@@ -51,7 +51,7 @@ type bundleFileWriter struct {
 }
 
 var (
-	_ dynamiccert.Observer         = &bundleFileWriter{}
+	_ authority.Observer           = &bundleFileWriter{}
 	_ dynamiccertificates.Notifier = &bundleFileWriter{}
 	_ dynamiccertificates.Listener = &bundleFileWriter{}
 )
@@ -63,15 +63,15 @@ func (w *bundleFileWriter) hasWritten() bool {
 	return w.written != nil
 }
 
-// Name implements dynamiccert.Observer.
+// Name implements authority.Observer.
 func (w *bundleFileWriter) Name() string { return "ca-bundle-file" }
 
-// Observed implements dynamiccert.Observer: the file as last written holds
+// Observed implements authority.Observer: the file as last written holds
 // ca.
 func (w *bundleFileWriter) Observed(ca *x509.Certificate) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return dynamiccert.BundleHolds(w.written, ca)
+	return authority.BundleHolds(w.written, ca)
 }
 
 // AddListener implements dynamiccertificates.Notifier: l is told after

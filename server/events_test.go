@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -30,7 +31,7 @@ func TestCASecretSendsEvents(t *testing.T) {
 	const mistyped = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 	client := fake.NewClientset(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "certs", Name: "webhook-ca", Annotations: map[string]string{
-			dynamiccert.CompromisedCAAnnotation: mistyped, dynamiccert.CompromisedReasonAnnotation: "drill",
+			authority.CompromisedCAAnnotation: mistyped, authority.CompromisedReasonAnnotation: "drill",
 		}},
 		Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, dynamiccert.SecretCAKey: ca.CertPEM},

@@ -13,7 +13,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/sni"
 )
@@ -134,7 +134,7 @@ func (s *Serving) InstallHandlers(mux *http.ServeMux, checks ...healthz.HealthCh
 //   - /readyz: serving-certificate, client-ca (with --client-ca-file, see
 //     ClientCACheck), ca-rotation:<provider> (for the self-signed default
 //     and --ca-secret: fails while a CA rotation is stalled, see
-//     dynamiccert.RotationCheck), checks.Liveness and checks.Readiness.
+//     authority.RotationCheck), checks.Liveness and checks.Readiness.
 //   - /healthz: the same as /readyz; it is the legacy endpoint that reports
 //     every check, not a liveness probe.
 //
@@ -147,10 +147,10 @@ func (s *Serving) InstallHandlersWithChecks(mux *http.ServeMux, checks HealthChe
 		all = append(all, ClientCACheck(s.Controller, s.ClientCA, s.opts.Clock))
 	}
 	all = append(all, checks.Liveness...)
-	if r, ok := s.TrustBundle.(dynamiccert.RotationReporter); ok {
+	if r, ok := s.TrustBundle.(authority.RotationReporter); ok {
 		// A stalled CA rotation waits for an observer; a restart does not
 		// help, so it is a readiness check.
-		all = append(all, dynamiccert.RotationCheck(r))
+		all = append(all, authority.RotationCheck(r))
 	}
 	all = append(all, checks.Readiness...)
 	healthz.InstallHandler(mux, all...)

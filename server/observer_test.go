@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -30,7 +30,7 @@ func TestBundleFileIsAnObserver(t *testing.T) {
 	o.Clock = clk
 	s, err := o.Build()
 	require.NoError(t, err)
-	ss := s.TrustBundle.(*dynamiccert.SelfSigned)
+	ss := s.TrustBundle.(*authority.SelfSigned)
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, s.RunOnce(ctx))
 	done := make(chan struct{})
@@ -70,7 +70,7 @@ func TestBundleFileIsAnObserver(t *testing.T) {
 	require.NoError(t, err)
 	var fingerprints []string
 	for _, c := range certs {
-		fingerprints = append(fingerprints, dynamiccert.Fingerprint(c))
+		fingerprints = append(fingerprints, authority.Fingerprint(c))
 	}
 	require.Contains(t, fingerprints, succ.Fingerprint, "the file holds the successor")
 	require.Equal(t, succ.Serial, ss.Status().Signing.Serial)

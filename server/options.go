@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -81,7 +82,7 @@ type Options struct {
 	SelfSignedKeyTypes []string
 	// SelfSignedValidity is the lifetime of the self-signed leaf. Flag
 	// --self-signed-validity, default 720h, at least 1s
-	// (dynamiccert.MinLifetime), at most dynamiccert.MaxLifetime, and at
+	// (authority.MinLifetime), at most dynamiccert.MaxLifetime, and at
 	// most its third (an eighth with --ca-secret) without CAValidity.
 	SelfSignedValidity time.Duration
 	// SelfSignedRenewBefore is how long before expiry the leaf is renewed.
@@ -98,7 +99,7 @@ type Options struct {
 	CARenewBefore time.Duration
 	// CAPropagationDelay is the minimum time a published successor CA waits
 	// before it signs, for consumers evercert cannot observe; it also waits
-	// for every observer (see dynamiccert's observed rotation). Flag
+	// for every observer (see authority's observed rotation). Flag
 	// --ca-propagation-delay, default 0: a quarter of the CA renew-before
 	// minus the leaf renew-before.
 	CAPropagationDelay time.Duration
@@ -120,10 +121,10 @@ type Options struct {
 	// SelfSignedValidity). Flag --ca-secret.
 	CASecret string
 	// ReplicaID names this replica in the Lease it announces itself in to
-	// the other replicas of --ca-secret (dynamiccert.AuthorityConfig.
+	// the other replicas of --ca-secret (authority.Config.
 	// ReplicaID). Give each pod its own, stable across restarts of its
 	// process: the pod name. Flag --replica-id, default $POD_NAME
-	// (NewOptions reads it; dynamiccert.PodNameEnv), else the host name
+	// (NewOptions reads it; authority.PodNameEnv), else the host name
 	// with a random suffix.
 	ReplicaID string
 	// Kubeconfig is the kubeconfig file for --tls-secret and --ca-secret;
@@ -169,14 +170,14 @@ func NewOptions() *Options {
 		SecurePort:         8443,
 		MinTLSVersion:      "VersionTLS12",
 		CipherSuites:       append([]string(nil), DefaultCipherSuites...),
-		SelfSignedHosts:    append([]string(nil), dynamiccert.DefaultSelfSignedHosts...),
+		SelfSignedHosts:    append([]string(nil), authority.DefaultSelfSignedHosts...),
 		SelfSignedKeyTypes: slices.Clone(defaultSelfSignedKeyTypes),
-		SelfSignedValidity: dynamiccert.DefaultSelfSignedLifetime,
+		SelfSignedValidity: authority.DefaultSelfSignedLifetime,
 		ResyncInterval:     time.Minute,
 		Clock:              clock.RealClock{},
 		ShutdownTimeout:    10 * time.Second,
 		StartupTimeout:     DefaultStartupTimeout,
-		ReplicaID:          os.Getenv(dynamiccert.PodNameEnv),
+		ReplicaID:          os.Getenv(authority.PodNameEnv),
 	}
 }
 
@@ -251,7 +252,7 @@ func (o *Options) Validate() []error {
 	} else if o.StartupTimeout != DefaultStartupTimeout && o.TLSSecret == "" && o.CASecret == "" {
 		errs = append(errs, errors.New("--startup-timeout: only used with --tls-secret or --ca-secret"))
 	}
-	if o.ReplicaID != "" && o.CASecret == "" && o.ReplicaID != os.Getenv(dynamiccert.PodNameEnv) {
+	if o.ReplicaID != "" && o.CASecret == "" && o.ReplicaID != os.Getenv(authority.PodNameEnv) {
 		// Its $POD_NAME default is set in every pod, with or without --ca-secret.
 		errs = append(errs, errors.New("--replica-id: only used with --ca-secret"))
 	}
@@ -293,10 +294,10 @@ func (o *Options) Validate() []error {
 		if o.CASecret != "" {
 			caFactor, caSource = 8, "--ca-secret"
 		}
-		if o.SelfSignedValidity < dynamiccert.MinLifetime {
+		if o.SelfSignedValidity < authority.MinLifetime {
 			// X.509 cannot express less, and a leaf is re-issued at most
-			// once per dynamiccert.MinReissueInterval.
-			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at least %v", o.SelfSignedValidity, dynamiccert.MinLifetime))
+			// once per authority.MinReissueInterval.
+			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at least %v", o.SelfSignedValidity, authority.MinLifetime))
 		} else if o.SelfSignedValidity > dynamiccert.MaxLifetime {
 			errs = append(errs, fmt.Errorf("--self-signed-validity: %v must be at most %v", o.SelfSignedValidity, dynamiccert.MaxLifetime))
 		} else if limit := dynamiccert.MaxLifetime / time.Duration(caFactor); o.CAValidity == 0 && o.SelfSignedValidity > limit {
@@ -409,8 +410,8 @@ func (o *Options) keyTypes() []dynamiccert.KeyType {
 	return kts
 }
 
-func (o *Options) selfSignedConfig() dynamiccert.SelfSignedConfig {
-	return dynamiccert.SelfSignedConfig{
+func (o *Options) selfSignedConfig() authority.SelfSignedConfig {
+	return authority.SelfSignedConfig{
 		Name:        "self-signed",
 		Hosts:       o.SelfSignedHosts,
 		KeyTypes:    o.keyTypes(),

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 )
 
@@ -127,7 +128,7 @@ func TestCAScheduleFlags(t *testing.T) {
 	require.Empty(t, o.Validate())
 	s, err := o.Build()
 	require.NoError(t, err)
-	cfg := s.TrustBundle.(*dynamiccert.SelfSigned).Config()
+	cfg := s.TrustBundle.(*authority.SelfSigned).Config()
 	require.Equal(t, 10*time.Hour, cfg.CALifetime)
 	require.Equal(t, 3*time.Hour, cfg.CARenewBefore)
 	require.Equal(t, 5*time.Minute, cfg.PropagationDelay)
@@ -151,7 +152,7 @@ func TestSelfSignedKeyTypesFlag(t *testing.T) {
 	require.NoError(t, err)
 	s, err := o.Build()
 	require.NoError(t, err)
-	ss := s.TrustBundle.(*dynamiccert.SelfSigned)
+	ss := s.TrustBundle.(*authority.SelfSigned)
 	assert.Equal(t, []dynamiccert.KeyType{dynamiccert.ECDSAP256, dynamiccert.RSA2048}, ss.Config().KeyTypes)
 	require.Len(t, ss.Alternatives(), 1)
 	assert.Equal(t, "self-signed/rsa-2048", ss.Alternatives()[0].Name())
@@ -160,7 +161,7 @@ func TestSelfSignedKeyTypesFlag(t *testing.T) {
 	require.NoError(t, err)
 	s, err = o.Build()
 	require.NoError(t, err)
-	a := s.TrustBundle.(*dynamiccert.Authority)
+	a := s.TrustBundle.(*authority.Authority)
 	require.Len(t, a.Alternatives(), 1)
 	assert.Equal(t, "ca-secret/ecdsa-p384", a.Alternatives()[0].Name())
 
@@ -198,7 +199,7 @@ func TestHostsAndLifetimeFlagsAccepted(t *testing.T) {
 	require.NoError(t, err)
 	s, err := o.Build()
 	require.NoError(t, err)
-	assert.Equal(t, 1000000*time.Hour, s.TrustBundle.(*dynamiccert.Authority).Config().CALifetime)
+	assert.Equal(t, 1000000*time.Hour, s.TrustBundle.(*authority.Authority).Config().CALifetime)
 
 	o, err = parse(t, "--ca-secret=ns/ca", "--kubeconfig="+writeKubeconfig(t), "--self-signed-validity=219000h")
 	require.NoError(t, err, "the longest leaf with --ca-secret's default CA lifetime")
@@ -211,7 +212,7 @@ func TestHostsAndLifetimeFlagsAccepted(t *testing.T) {
 // itself under the same ID (issue 27); without --ca-secret an explicit
 // value is refused, naming the flag.
 func TestReplicaIDFlag(t *testing.T) {
-	t.Setenv(dynamiccert.PodNameEnv, "webhook-7d9f8-x2k4q")
+	t.Setenv(authority.PodNameEnv, "webhook-7d9f8-x2k4q")
 	kubeconfig := writeKubeconfig(t)
 	for _, tc := range []struct {
 		args []string
@@ -224,7 +225,7 @@ func TestReplicaIDFlag(t *testing.T) {
 		require.NoError(t, err)
 		s, err := o.Build()
 		require.NoError(t, err)
-		require.Equal(t, tc.want, s.Serving.(*dynamiccert.Authority).ReplicaID(), "%v", tc.args)
+		require.Equal(t, tc.want, s.Serving.(*authority.Authority).ReplicaID(), "%v", tc.args)
 	}
 	_, err := parse(t) // the $POD_NAME default alone is no error
 	require.NoError(t, err)

@@ -3,8 +3,8 @@ package sni
 import "k8s.io/apiserver/pkg/server/dynamiccertificates"
 
 // AlternativesProvider is implemented by certificate providers that serve
-// their names with more than one key algorithm: dynamiccert.SelfSigned and
-// dynamiccert.Authority with several KeyTypes make an ECDSA and an RSA leaf
+// their names with more than one key algorithm: authority.SelfSigned and
+// authority.Authority with several KeyTypes make an ECDSA and an RSA leaf
 // for the same names. The controller serves each alternative next to the
 // provider's own certificate, as if it were listed right after it (for the
 // serving provider: as another serving certificate), and each client gets

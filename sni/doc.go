@@ -2,7 +2,7 @@
 // replacement for k8s.io/apiserver's dynamiccertificates controller of the
 // same name, built for a hot path that does no work per handshake.
 //
-// The controller listens to certificate providers (evercert's dynamiccert
+// The controller listens to certificate providers (evercert's dynamiccert and authority
 // providers or upstream dynamiccertificates providers, which share the same
 // interfaces). When a provider reports a change, a work queue coalesces the
 // notifications, and a single worker rebuilds an immutable snapshot:
@@ -77,7 +77,7 @@
 //   - A name-only provider's names are its alone: only its own
 //     alternatives (AlternativesProvider) join them, and they are
 //     name-only too.
-//   - A provider that implements AlternativesProvider (dynamiccert.SelfSigned
+//   - A provider that implements AlternativesProvider (authority.SelfSigned
 //     and Authority with several KeyTypes) has its alternatives served as if
 //     listed right after it.
 //

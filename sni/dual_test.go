@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
@@ -239,7 +240,7 @@ func TestDualDefaultFromSNI(t *testing.T) {
 func TestDualSelfSignedRotatesTogether(t *testing.T) {
 	const lifetime = time.Hour
 	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	ss, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	ss, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: "dual-self-signed", Lifetime: lifetime, Clock: clk,
 		KeyTypes: []dynamiccert.KeyType{dynamiccert.ECDSAP256, dynamiccert.RSA2048},
 	})

@@ -15,7 +15,7 @@ import (
 
 // nameOnlyWithAlternatives is a name-only provider with an alternative of
 // another key algorithm, as a name-only wrapper around a dual-key
-// dynamiccert.SelfSigned would be.
+// authority.SelfSigned would be.
 type nameOnlyWithAlternatives struct {
 	*mutableProvider
 	alts []dynamiccertificates.SNICertKeyContentProvider

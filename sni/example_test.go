@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/sni"
 )
 
@@ -19,11 +19,11 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"localhost", "127.0.0.1"}})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"localhost", "127.0.0.1"}})
 	if err != nil {
 		panic(err)
 	}
-	api, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "api", Hosts: []string{"api.example.test"}})
+	api, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "api", Hosts: []string{"api.example.test"}})
 	if err != nil {
 		panic(err)
 	}
@@ -65,7 +65,7 @@ func Example() {
 // certificate comes from evercert, so the framework's client CA, MinVersion
 // and HTTP/2 setting stay in force.
 func ExampleDynamicServingCertificateController_SetGetCertificate() {
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"webhook.example.svc"}})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"webhook.example.svc"}})
 	if err != nil {
 		panic(err)
 	}

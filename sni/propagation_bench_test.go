@@ -14,6 +14,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/klogtest"
 	"github.com/evercert/evercert/internal/pki"
@@ -279,7 +280,7 @@ func benchFilePropagation(b *testing.B, pat filePattern) {
 // the bounded iterations: this measures leaf renewals only.
 func benchSelfSignedPropagation(b *testing.B) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	ss, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Hosts: []string{"bench.test"}, Lifetime: time.Hour, CALifetime: 10 * 365 * 24 * time.Hour, Clock: clk})
+	ss, err := authority.NewSelfSigned(authority.SelfSignedConfig{Hosts: []string{"bench.test"}, Lifetime: time.Hour, CALifetime: 10 * 365 * 24 * time.Hour, Clock: clk})
 	if err != nil {
 		b.Fatal(err)
 	}

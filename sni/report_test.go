@@ -13,6 +13,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/certreport/certreporttest"
@@ -26,8 +27,8 @@ var (
 	_ ParsedCertKeyProvider = &dynamiccert.StaticCertKey{}
 	_ ParsedCertKeyProvider = &dynamiccert.FileCertKey{}
 	_ ParsedCertKeyProvider = &dynamiccert.SecretCertKey{}
-	_ ParsedCertKeyProvider = &dynamiccert.SelfSigned{}
-	_ ParsedCertKeyProvider = &dynamiccert.Authority{}
+	_ ParsedCertKeyProvider = &authority.SelfSigned{}
+	_ ParsedCertKeyProvider = &authority.Authority{}
 	_ ParsedCertKeyProvider = &loopback.Certificate{}
 )
 
@@ -44,7 +45,7 @@ func TestEachChangeIsParsedLoggedAndCountedOnce(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	prefix := t.Name() + "/"
 
-	self, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	self, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: prefix + "self-signed", Hosts: []string{"self.test"}, Lifetime: time.Hour, Clock: clk,
 	})
 	require.NoError(t, err)
@@ -159,7 +160,7 @@ func TestControllerEventsForWhatItParses(t *testing.T) {
 		return issueLeaf(t, ca, leafSpec{cn: "foreign.test", dns: []string{"foreign.test"}, now: clk.Now()})
 	}
 	foreign := newMutable(t.Name()+"/foreign", leaf())
-	self, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: t.Name() + "/self-signed", Lifetime: time.Hour, Clock: clk})
+	self, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: t.Name() + "/self-signed", Lifetime: time.Hour, Clock: clk})
 	require.NoError(t, err)
 	recorder := certreporttest.NewRecorder()
 	c := newController(t, ControllerConfig{

@@ -33,6 +33,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
@@ -87,9 +88,9 @@ func (r *runners) run(c interface{ Run(context.Context, int) }) { r.wg.Go(func()
 
 // startReplica starts one Authority replica of secret, announcing itself
 // in its Lease.
-func startReplica(t *testing.T, r *runners, client kubernetes.Interface, secret, id string) *dynamiccert.Authority {
+func startReplica(t *testing.T, r *runners, client kubernetes.Interface, secret, id string) *authority.Authority {
 	t.Helper()
-	a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	a, err := authority.New(authority.Config{
 		Namespace: cliNS, SecretName: secret, Client: client, Hosts: []string{"webhook.test"}, ReplicaID: id,
 	})
 	require.NoError(t, err)
@@ -119,7 +120,7 @@ func inertValidatingWebhook(name string) *admissionregistrationv1.ValidatingWebh
 // publish creates the ValidatingWebhookConfiguration name and runs a
 // cabundle publisher of source into it until the test ends; it returns
 // once the bundle is there.
-func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Config, source *dynamiccert.Authority, name string) {
+func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Config, source *authority.Authority, name string) {
 	t.Helper()
 	vwcs := admin.AdmissionregistrationV1().ValidatingWebhookConfigurations()
 	_, err := vwcs.Create(r.ctx, inertValidatingWebhook(name), metav1.CreateOptions{})
@@ -137,9 +138,9 @@ func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Con
 }
 
 // waitLeases waits until the Leases of secret announce the given leaves.
-func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replicas ...*dynamiccert.Authority) {
+func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replicas ...*authority.Authority) {
 	t.Helper()
-	sel := dynamiccert.AuthorityLeaseSelector(secret)
+	sel := authority.LeaseSelector(secret)
 	require.Eventually(t, func() bool {
 		list, err := admin.CoordinationV1().Leases(cliNS).List(context.Background(), metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
@@ -147,7 +148,7 @@ func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replica
 		}
 		announced := map[string]bool{}
 		for _, l := range list.Items {
-			announced[l.Annotations[dynamiccert.AuthorityLeafSerialAnnotation]] = true
+			announced[l.Annotations[authority.LeafSerialAnnotation]] = true
 		}
 		for _, a := range replicas {
 			if !announced[a.Leaf().SerialNumber.Text(16)] {
@@ -196,7 +197,7 @@ func TestCLIStatus(t *testing.T) {
 	assert.Nil(t, rep.Successor)
 	assert.True(t, rep.Healthy)
 	require.Len(t, rep.Replicas, 2)
-	for i, want := range []*dynamiccert.Authority{a, b} {
+	for i, want := range []*authority.Authority{a, b} {
 		got := rep.Replicas[i]
 		assert.Equal(t, want.ReplicaID(), got.ID)
 		assert.True(t, got.Live, "%s is live", got.ID)
@@ -233,12 +234,12 @@ func TestCLIStatus(t *testing.T) {
 	published := time.Now().UTC().Truncate(time.Second)
 	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s := secretCA(t, admin, secret)
-		s.Data[dynamiccert.AuthorityNextCertKey], s.Data[dynamiccert.AuthorityNextKeyKey] = next.CertPEM, next.KeyPEM
+		s.Data[authority.NextCertKey], s.Data[authority.NextKeyKey] = next.CertPEM, next.KeyPEM
 		s.Data[dynamiccert.SecretCAKey] = append(append([]byte{}, s.Data[dynamiccert.SecretCAKey]...), next.CertPEM...)
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
-		s.Annotations[dynamiccert.AuthorityNextSinceAnnotation] = published.Format(time.RFC3339)
+		s.Annotations[authority.NextSinceAnnotation] = published.Format(time.RFC3339)
 		_, err := admin.CoreV1().Secrets(cliNS).Update(r.ctx, s, metav1.UpdateOptions{})
 		return err
 	}))
@@ -247,7 +248,7 @@ func TestCLIStatus(t *testing.T) {
 	rep = statusReport{}
 	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
 	require.NotNil(t, rep.Successor, "the successor")
-	assert.Equal(t, dynamiccert.Fingerprint(next.Cert), rep.Successor.Fingerprint)
+	assert.Equal(t, authority.Fingerprint(next.Cert), rep.Successor.Fingerprint)
 	require.NotNil(t, rep.Successor.PublishedAt)
 	assert.True(t, published.Equal(*rep.Successor.PublishedAt), "published at %v, want %v", rep.Successor.PublishedAt, published)
 	assert.ElementsMatch(t, []string{"replica-a", "replica-b"}, rep.Successor.PendingObservers,
@@ -268,7 +269,7 @@ func TestCLIStatusLongSecretName(t *testing.T) {
 	a := startReplica(t, r, admin, secret, "replica-a")
 	b := startReplica(t, r, admin, secret, "replica-b")
 	waitLeases(t, admin, secret, a, b)
-	for _, x := range []*dynamiccert.Authority{a, b} {
+	for _, x := range []*authority.Authority{a, b} {
 		require.Eventually(t, func() bool { return len(x.ServedChains()) == 2 }, time.Minute, 50*time.Millisecond,
 			"%s sees both replicas: %v", x.ReplicaID(), x.ServedChains())
 	}
@@ -312,17 +313,17 @@ func TestCLIRotate(t *testing.T) {
 	before := time.Now().Truncate(time.Second)
 	code, out := cli(t, env, "rotate", secret, "-n", cliNS)
 	require.Equal(t, exitOK, code, "rotate")
-	requested := secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation]
+	requested := secretCA(t, admin, secret).Annotations[authority.RotateRequestedAnnotation]
 	at, err := time.Parse(time.RFC3339, requested)
-	require.NoError(t, err, "%s is RFC 3339", dynamiccert.RotateRequestedAnnotation)
+	require.NoError(t, err, "%s is RFC 3339", authority.RotateRequestedAnnotation)
 	assert.False(t, at.Before(before), "requested at %v, the command ran after %v", at, before)
-	assert.Contains(t, out, dynamiccert.RotateRequestedAnnotation+"="+requested)
+	assert.Contains(t, out, authority.RotateRequestedAnnotation+"="+requested)
 
 	// No Authority runs here: --wait gives up at --timeout, exit 1.
 	code, out = cli(t, env, "rotate", secret, "--wait", "--timeout", "3s")
 	assert.Equal(t, exitError, code, "rotate --wait with nothing acting on it")
-	assert.Contains(t, out, "timed out after 3s waiting for the Authority to act: "+dynamiccert.RotateHandledAnnotation)
-	assert.NotEmpty(t, secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation], "the request stays set")
+	assert.Contains(t, out, "timed out after 3s waiting for the Authority to act: "+authority.RotateHandledAnnotation)
+	assert.NotEmpty(t, secretCA(t, admin, secret).Annotations[authority.RotateRequestedAnnotation], "the request stays set")
 
 	// Something acting on the request (standing in for the Authority)
 	// ends the wait.
@@ -343,11 +344,11 @@ func TestCLIRotate(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				want := s.Annotations[dynamiccert.RotateRequestedAnnotation]
-				if s.Annotations[dynamiccert.RotateHandledAnnotation] == want {
+				want := s.Annotations[authority.RotateRequestedAnnotation]
+				if s.Annotations[authority.RotateHandledAnnotation] == want {
 					return nil
 				}
-				s.Annotations[dynamiccert.RotateHandledAnnotation] = want
+				s.Annotations[authority.RotateHandledAnnotation] = want
 				_, err = admin.CoreV1().Secrets(cliNS).Update(context.Background(), s, metav1.UpdateOptions{})
 				return err
 			})
@@ -361,7 +362,7 @@ func TestCLIRotate(t *testing.T) {
 	// --wait's progress lines (stderr) may come before the JSON (stdout).
 	require.NoError(t, json.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &rep))
 	assert.True(t, rep.Handled)
-	assert.Equal(t, secretCA(t, admin, secret).Annotations[dynamiccert.RotateRequestedAnnotation], rep.Annotations[dynamiccert.RotateRequestedAnnotation])
+	assert.Equal(t, secretCA(t, admin, secret).Annotations[authority.RotateRequestedAnnotation], rep.Annotations[authority.RotateRequestedAnnotation])
 
 	// --compromised: usage errors change nothing.
 	rv := secretCA(t, admin, secret).ResourceVersion
@@ -371,25 +372,25 @@ func TestCLIRotate(t *testing.T) {
 	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "leaked", "--ca", "00112233445566778899aabbccddeeff")
 	assert.Equal(t, exitUsage, code, "--ca not in the Secret")
 	assert.Contains(t, out, "holds no CA with that fingerprint")
-	assert.Contains(t, out, dynamiccert.Fingerprint(ca.Cert), "the message lists the CAs the Secret holds")
+	assert.Contains(t, out, authority.Fingerprint(ca.Cert), "the message lists the CAs the Secret holds")
 	assert.Equal(t, rv, secretCA(t, admin, secret).ResourceVersion, "refused requests do not write the Secret")
 
 	code, _ = cli(t, env, "rotate", secret, "--compromised", "--reason", "key found in a public bucket")
 	require.Equal(t, exitOK, code, "rotate --compromised")
 	ann := secretCA(t, admin, secret).Annotations
-	assert.Equal(t, dynamiccert.Fingerprint(ca.Cert), ann[dynamiccert.CompromisedCAAnnotation], "the signing CA by default")
-	assert.Equal(t, "key found in a public bucket", ann[dynamiccert.CompromisedReasonAnnotation])
-	_, err = time.Parse(time.RFC3339, ann[dynamiccert.CompromisedAtAnnotation])
-	assert.NoError(t, err, "%s is RFC 3339", dynamiccert.CompromisedAtAnnotation)
+	assert.Equal(t, authority.Fingerprint(ca.Cert), ann[authority.CompromisedCAAnnotation], "the signing CA by default")
+	assert.Equal(t, "key found in a public bucket", ann[authority.CompromisedReasonAnnotation])
+	_, err = time.Parse(time.RFC3339, ann[authority.CompromisedAtAnnotation])
+	assert.NoError(t, err, "%s is RFC 3339", authority.CompromisedAtAnnotation)
 
 	// Another CA marked while the first is not handled yet is refused;
 	// the same one again (an operator repeating it) is not.
-	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "also", "--ca", dynamiccert.Fingerprint(old.Cert))
+	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "also", "--ca", authority.Fingerprint(old.Cert))
 	assert.Equal(t, exitUsage, code, "a second compromised CA while the first is pending")
-	assert.Contains(t, out, "already marks CA "+dynamiccert.Fingerprint(ca.Cert)+" compromised")
+	assert.Contains(t, out, "already marks CA "+authority.Fingerprint(ca.Cert)+" compromised")
 	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "again", "--wait", "--timeout", "2s")
 	assert.Equal(t, exitError, code, "--compromised --wait with nothing acting on it")
-	assert.Contains(t, out, dynamiccert.CompromisedHandledAnnotation)
+	assert.Contains(t, out, authority.CompromisedHandledAnnotation)
 }
 
 // TestCLICheck: a real TLS server on 127.0.0.1 serving an Authority's leaf
@@ -419,7 +420,7 @@ func TestCLICheck(t *testing.T) {
 
 	code, out := cli(t, env, "check", addr, "--webhook", "validating/check-webhook", "--server-name", "webhook.test", "--authority", secret)
 	require.Equal(t, exitOK, code, "check against the published caBundle")
-	assert.Contains(t, out, "Verified against validating/check-webhook by CA "+signing.Subject.String()+" (fingerprint "+dynamiccert.Fingerprint(signing)+")")
+	assert.Contains(t, out, "Verified against validating/check-webhook by CA "+signing.Subject.String()+" (fingerprint "+authority.Fingerprint(signing)+")")
 	assert.Contains(t, out, "Answered by replica replica-check of "+secret)
 
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
@@ -430,7 +431,7 @@ func TestCLICheck(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep))
 	assert.True(t, rep.Verified)
 	require.NotNil(t, rep.CA)
-	assert.Equal(t, dynamiccert.Fingerprint(signing), rep.CA.Fingerprint)
+	assert.Equal(t, authority.Fingerprint(signing), rep.CA.Fingerprint)
 	assert.Equal(t, "replica-check", rep.Replica)
 	assert.Equal(t, a.Leaf().SerialNumber.Text(16), rep.Leaf.Serial)
 
@@ -490,7 +491,7 @@ func TestCLIRotateActedOnByAuthorities(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &rep))
 	assert.True(t, rep.Handled, "rotate-handled recorded")
 	s := secretCA(t, admin, secret)
-	assert.Equal(t, s.Annotations[dynamiccert.RotateRequestedAnnotation], s.Annotations[dynamiccert.RotateHandledAnnotation])
+	assert.Equal(t, s.Annotations[authority.RotateRequestedAnnotation], s.Annotations[authority.RotateHandledAnnotation])
 	require.Eventually(t, func() bool { return a.Status().Successor != nil && b.Status().Successor != nil },
 		time.Minute, 50*time.Millisecond, "both replicas hold the successor the request published")
 
@@ -498,13 +499,13 @@ func TestCLIRotateActedOnByAuthorities(t *testing.T) {
 	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "key in a leaked backup", "--wait", "--timeout", "2m")
 	require.Equal(t, exitOK, code, "rotate --compromised --wait with two Authorities running: %s", out)
 	s = secretCA(t, admin, secret)
-	assert.Equal(t, compromised, s.Annotations[dynamiccert.CompromisedHandledAnnotation])
+	assert.Equal(t, compromised, s.Annotations[authority.CompromisedHandledAnnotation])
 	bundle, err := pki.ParseCABundle(s.Data[dynamiccert.SecretCAKey])
 	require.NoError(t, err)
 	for _, c := range bundle {
-		assert.NotEqual(t, compromised, dynamiccert.Fingerprint(c), "the compromised CA is gone from %s", dynamiccert.SecretCAKey)
+		assert.NotEqual(t, compromised, authority.Fingerprint(c), "the compromised CA is gone from %s", dynamiccert.SecretCAKey)
 	}
-	for _, x := range []*dynamiccert.Authority{a, b} {
+	for _, x := range []*authority.Authority{a, b} {
 		assert.NotEqual(t, compromised, x.Status().Signing.Fingerprint, "%s no longer signs with the compromised CA", x.ReplicaID())
 	}
 
@@ -543,7 +544,7 @@ func TestCLIStatusRejectsForgedLeases(t *testing.T) {
 	signing := a.Status().Signing.Fingerprint
 
 	leases := admin.CoordinationV1().Leases(cliNS)
-	list, err := leases.List(r.ctx, metav1.ListOptions{LabelSelector: dynamiccert.AuthorityLeaseSelector(secret)})
+	list, err := leases.List(r.ctx, metav1.ListOptions{LabelSelector: authority.LeaseSelector(secret)})
 	require.NoError(t, err)
 	genuine := map[string]*coordinationv1.Lease{}
 	for i := range list.Items {
@@ -559,19 +560,19 @@ func TestCLIStatusRejectsForgedLeases(t *testing.T) {
 	forge := func(name, holder string, from *coordinationv1.Lease, sig []byte) {
 		t.Helper()
 		ann := map[string]string{}
-		for _, k := range []string{dynamiccert.AuthorityLeafAnnotation, dynamiccert.AuthorityLeafSerialAnnotation, dynamiccert.AuthorityBundleHashAnnotation} {
+		for _, k := range []string{authority.LeafAnnotation, authority.LeafSerialAnnotation, authority.BundleHashAnnotation} {
 			ann[k] = from.Annotations[k]
 		}
 		// Trusts only the signing CA: the successor published below is
 		// not confirmed by it.
-		ann[dynamiccert.AuthorityTrustedCAsAnnotation] = signing
+		ann[authority.TrustedCAsAnnotation] = signing
 		if sig != nil {
-			ann[dynamiccert.AuthoritySignatureAnnotation] = base64.StdEncoding.EncodeToString(sig)
+			ann[authority.SignatureAnnotation] = base64.StdEncoding.EncodeToString(sig)
 		}
 		duration := int32(3600)
 		now := metav1.NewMicroTime(time.Now())
 		_, err := leases.Create(r.ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{dynamiccert.AuthorityLeaseLabel: secret}, Annotations: ann},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{authority.LeaseLabel: secret}, Annotations: ann},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, RenewTime: &now},
 		}, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -584,7 +585,7 @@ func TestCLIStatusRejectsForgedLeases(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s := secretCA(t, admin, secret)
-		s.Data[dynamiccert.AuthorityNextCertKey], s.Data[dynamiccert.AuthorityNextKeyKey] = next.CertPEM, next.KeyPEM
+		s.Data[authority.NextCertKey], s.Data[authority.NextKeyKey] = next.CertPEM, next.KeyPEM
 		s.Data[dynamiccert.SecretCAKey] = append(append([]byte{}, s.Data[dynamiccert.SecretCAKey]...), next.CertPEM...)
 		_, err := admin.CoreV1().Secrets(cliNS).Update(r.ctx, s, metav1.UpdateOptions{})
 		return err
@@ -667,14 +668,14 @@ func TestCLIRotateReplacesIgnoredMark(t *testing.T) {
 	const secret = "mistyped-ca"
 	ca, err := pki.NewCA(pki.Request{CommonName: "mistyped-ca", Now: time.Now(), Lifetime: 24 * time.Hour})
 	require.NoError(t, err)
-	fp := dynamiccert.Fingerprint(ca.Cert)
+	fp := authority.Fingerprint(ca.Cert)
 	mistyped := fp[:len(fp)-1] + "0" // the last digit mistyped
 	if mistyped == fp {
 		mistyped = fp[:len(fp)-1] + "1"
 	}
 	_, err = admin.CoreV1().Secrets(cliNS).Create(context.Background(), &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secret, Annotations: map[string]string{
-			dynamiccert.CompromisedCAAnnotation: mistyped, dynamiccert.CompromisedReasonAnnotation: "typo",
+			authority.CompromisedCAAnnotation: mistyped, authority.CompromisedReasonAnnotation: "typo",
 		}},
 		Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM, dynamiccert.SecretCAKey: ca.CertPEM},
@@ -684,10 +685,10 @@ func TestCLIRotateReplacesIgnoredMark(t *testing.T) {
 
 	code, out := cli(t, env, "rotate", secret, "--compromised", "--reason", "key leaked")
 	require.Equal(t, exitOK, code, "rotate --compromised after a mark the Authority ignored")
-	assert.Contains(t, out, "replaced the earlier mark "+dynamiccert.CompromisedCAAnnotation+"="+mistyped)
+	assert.Contains(t, out, "replaced the earlier mark "+authority.CompromisedCAAnnotation+"="+mistyped)
 	ann := secretCA(t, admin, secret).Annotations
-	assert.Equal(t, fp, ann[dynamiccert.CompromisedCAAnnotation], "the real CA is marked")
-	assert.Equal(t, "key leaked", ann[dynamiccert.CompromisedReasonAnnotation])
+	assert.Equal(t, fp, ann[authority.CompromisedCAAnnotation], "the real CA is marked")
+	assert.Equal(t, "key leaked", ann[authority.CompromisedReasonAnnotation])
 }
 
 // gatedTransport fails every request while closed is set: a replica whose
@@ -726,7 +727,7 @@ func TestCLIRotateWaitSaysWhatItWaitsFor(t *testing.T) {
 	require.NoError(t, err)
 	var cut atomic.Bool
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return gatedTransport{next: rt, closed: &cut} })
-	stuck, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	stuck, err := authority.New(authority.Config{
 		Namespace: cliNS, SecretName: secret, Client: kubernetes.NewForConfigOrDie(cfg), Hosts: []string{"webhook.test"},
 		ReplicaID: "replica-stuck", LeaseDuration: 10 * time.Minute,
 	})
@@ -742,14 +743,14 @@ func TestCLIRotateWaitSaysWhatItWaitsFor(t *testing.T) {
 	require.Equal(t, exitError, code, "rotate --wait while a live replica cannot announce the successor")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	timeout := lines[len(lines)-1]
-	assert.Contains(t, timeout, "timed out after 20s waiting for the Authority to act: "+dynamiccert.CompromisedHandledAnnotation)
+	assert.Contains(t, timeout, "timed out after 20s waiting for the Authority to act: "+authority.CompromisedHandledAnnotation)
 	assert.Contains(t, timeout, "replica-stuck", "the timeout names the replica the rotation waits for")
 	assert.NotContains(t, timeout, "replica-a", "replica-a announced the successor")
 	assert.NotContains(t, timeout, "replica-b", "replica-b announced the successor")
 	assert.NotContains(t, timeout, "is an Authority running", "Authorities are running: the question misleads")
 	var progress []string
 	for _, l := range lines[:len(lines)-1] {
-		if strings.Contains(l, "waiting for "+dynamiccert.CompromisedHandledAnnotation) {
+		if strings.Contains(l, "waiting for "+authority.CompromisedHandledAnnotation) {
 			progress = append(progress, l)
 		}
 	}
@@ -763,5 +764,5 @@ func TestCLIRotateWaitSaysWhatItWaitsFor(t *testing.T) {
 	cut.Store(false)
 	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "drill", "--wait", "--timeout", "2m")
 	require.Equal(t, exitOK, code, "rotate --wait once every live replica can act: %s", out)
-	assert.Equal(t, compromised, secretCA(t, admin, secret).Annotations[dynamiccert.CompromisedHandledAnnotation])
+	assert.Equal(t, compromised, secretCA(t, admin, secret).Annotations[authority.CompromisedHandledAnnotation])
 }

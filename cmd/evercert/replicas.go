@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -35,7 +36,7 @@ type replica struct {
 	// LeafNames are the announced leaf's DNS names and IP addresses.
 	LeafNames []string `json:"leafNames,omitempty"`
 	// Verified is whether the announcement is believed as the Authority
-	// believes one (dynamiccert.VerifyAnnouncement); Rejection says why
+	// believes one (authority.VerifyAnnouncement); Rejection says why
 	// not. A rejected Lease is not a replica: it is not counted as live,
 	// as a pending observer, or against the targets.
 	Verified  bool           `json:"verified"`
@@ -59,7 +60,7 @@ func (r replica) believed() bool { return r.Live && r.Verified }
 // Lease name, each verified against cas (the CAs the Secret holds) and,
 // when hosts is not empty, the Authority's names.
 func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas []*x509.Certificate, hosts []string) ([]replica, error) {
-	selector := dynamiccert.AuthorityLeaseSelector(secret)
+	selector := authority.LeaseSelector(secret)
 	leases, err := k.client.CoordinationV1().Leases(k.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return nil, fmt.Errorf("listing the replica Leases (%s) in namespace %s: %w", selector, k.namespace, err)
@@ -75,11 +76,11 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 			expires := renew.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
 			r.RenewTime, r.ExpiresAt, r.Live = &renew, &expires, now.Before(expires)
 		}
-		if v := l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation]; v != "" {
+		if v := l.Annotations[authority.TrustedCAsAnnotation]; v != "" {
 			r.TrustedCAs = strings.Split(v, ",")
 		}
-		r.LeafSerial = l.Annotations[dynamiccert.AuthorityLeafSerialAnnotation]
-		if r.leaf = parseCertPEM([]byte(l.Annotations[dynamiccert.AuthorityLeafAnnotation])); r.leaf != nil {
+		r.LeafSerial = l.Annotations[authority.LeafSerialAnnotation]
+		if r.leaf = parseCertPEM([]byte(l.Annotations[authority.LeafAnnotation])); r.leaf != nil {
 			r.LeafSerial = r.leaf.SerialNumber.Text(16)
 			r.LeafNotAfter = r.leaf.NotAfter.UTC()
 			r.LeafNames = append(slices.Clone(r.leaf.DNSNames), ipStrings(r.leaf)...)
@@ -87,9 +88,9 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 		// The Authority's own check, so that this tool believes exactly
 		// the announcements the replicas believe of each other (replay
 		// aside: that takes the history a running replica keeps).
-		if _, err := dynamiccert.VerifyAnnouncement(&l, cas, hosts); err != nil {
+		if _, err := authority.VerifyAnnouncement(&l, cas, hosts); err != nil {
 			rej := &rejectionInfo{Reason: "forged", Message: err.Error()}
-			var ae *dynamiccert.AnnouncementError
+			var ae *authority.AnnouncementError
 			if errors.As(err, &ae) {
 				rej.Reason, rej.Message = ae.Reason, ae.Err.Error()
 			}
@@ -117,7 +118,7 @@ func ipStrings(c *x509.Certificate) []string {
 // adds none.
 func secretCAs(s *corev1.Secret) []*x509.Certificate {
 	var cas []*x509.Certificate
-	for _, key := range []string{corev1.TLSCertKey, dynamiccert.AuthorityNextCertKey} {
+	for _, key := range []string{corev1.TLSCertKey, authority.NextCertKey} {
 		if c := parseCertPEM(s.Data[key]); c != nil {
 			cas = append(cas, c)
 		}
@@ -138,7 +139,7 @@ func issuer(leaf *x509.Certificate, cas []*x509.Certificate) string {
 	}
 	for _, ca := range cas {
 		if leaf.CheckSignatureFrom(ca) == nil {
-			return dynamiccert.Fingerprint(ca)
+			return authority.Fingerprint(ca)
 		}
 	}
 	return ""

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/backoff"
 )
 
@@ -102,26 +102,26 @@ func runRotate(prog string, args []string, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
-			if prev := s.Annotations[dynamiccert.CompromisedCAAnnotation]; prev != "" && prev != fp &&
-				s.Annotations[dynamiccert.CompromisedHandledAnnotation] != prev {
+			if prev := s.Annotations[authority.CompromisedCAAnnotation]; prev != "" && prev != fp &&
+				s.Annotations[authority.CompromisedHandledAnnotation] != prev {
 				// A mark naming no CA the Secret holds (a mistyped
 				// fingerprint) is ignored by the Authority: it is not a
 				// request pending, and refusing here would leave the
 				// operator to hand-edit the annotation mid-incident.
-				if !slices.ContainsFunc(secretCAs(s), func(c *x509.Certificate) bool { return dynamiccert.Fingerprint(c) == prev }) {
+				if !slices.ContainsFunc(secretCAs(s), func(c *x509.Certificate) bool { return authority.Fingerprint(c) == prev }) {
 					rep.ReplacedMark = prev
 				} else {
 					return usagef("the Secret %s already marks CA %s compromised and the Authority has not finished with it (%s is not %s yet); wait for that first",
-						rep.Secret, prev, dynamiccert.CompromisedHandledAnnotation, prev)
+						rep.Secret, prev, authority.CompromisedHandledAnnotation, prev)
 				}
 			}
-			set[dynamiccert.CompromisedCAAnnotation] = fp
-			set[dynamiccert.CompromisedReasonAnnotation] = reason
-			set[dynamiccert.CompromisedAtAnnotation] = now
-			requestKey, handledKey, want = dynamiccert.CompromisedCAAnnotation, dynamiccert.CompromisedHandledAnnotation, fp
+			set[authority.CompromisedCAAnnotation] = fp
+			set[authority.CompromisedReasonAnnotation] = reason
+			set[authority.CompromisedAtAnnotation] = now
+			requestKey, handledKey, want = authority.CompromisedCAAnnotation, authority.CompromisedHandledAnnotation, fp
 		} else {
-			set[dynamiccert.RotateRequestedAnnotation] = now
-			requestKey, handledKey, want = dynamiccert.RotateRequestedAnnotation, dynamiccert.RotateHandledAnnotation, now
+			set[authority.RotateRequestedAnnotation] = now
+			requestKey, handledKey, want = authority.RotateRequestedAnnotation, authority.RotateHandledAnnotation, now
 		}
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
@@ -155,7 +155,7 @@ func runRotate(prog string, args []string, stdout, stderr io.Writer) error {
 	what := "observed rotation requested"
 	if rep.ReplacedMark != "" {
 		fmt.Fprintf(stdout, "%s: replaced the earlier mark %s=%s: it matches no CA in the Secret, so the Authority had ignored it\n",
-			rep.Secret, dynamiccert.CompromisedCAAnnotation, rep.ReplacedMark)
+			rep.Secret, authority.CompromisedCAAnnotation, rep.ReplacedMark)
 	}
 	if compromised {
 		what = fmt.Sprintf("CA %s marked compromised", want)
@@ -178,12 +178,12 @@ func compromisedCA(s *corev1.Secret, asked string) (string, error) {
 		if signing == nil {
 			return "", fmt.Errorf("the CA Secret %s/%s holds no signing CA in %s; name the CA with --ca", s.Namespace, s.Name, corev1.TLSCertKey)
 		}
-		return dynamiccert.Fingerprint(signing), nil
+		return authority.Fingerprint(signing), nil
 	}
 	asked = strings.ToLower(strings.TrimSpace(asked))
 	var known []string
 	for _, c := range cas {
-		fp := dynamiccert.Fingerprint(c)
+		fp := authority.Fingerprint(c)
 		if fp == asked {
 			return fp, nil
 		}
@@ -268,7 +268,7 @@ func (k *kube) waitingFor(ctx context.Context, w waitTarget, s *corev1.Secret, n
 }
 
 // waitingOn says which live replicas the Authority waits on, from their
-// Leases verified as status verifies them (dynamiccert.VerifyAnnouncement;
+// Leases verified as status verifies them (authority.VerifyAnnouncement;
 // a rejected Lease is no replica): those whose announcement does not trust
 // the successor CA in the Secret (next.crt) yet or, once the successor of a
 // compromised CA signs, those still serving a leaf the compromised CA
@@ -279,11 +279,11 @@ func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, no
 	if err != nil {
 		return fmt.Sprintf("the replicas are unknown: %v", err)
 	}
-	successor := parseCertPEM(s.Data[dynamiccert.AuthorityNextCertKey])
+	successor := parseCertPEM(s.Data[authority.NextCertKey])
 	signing := parseCertPEM(s.Data[corev1.TLSCertKey])
 	// The compromised CA no longer signs: the emergency rotation drains
 	// it, waiting for every live replica to serve a leaf of its successor.
-	draining := w.compromised && signing != nil && dynamiccert.Fingerprint(signing) != w.want
+	draining := w.compromised && signing != nil && authority.Fingerprint(signing) != w.want
 	var live, pending []string
 	for _, r := range replicas {
 		if !r.believed() {
@@ -295,7 +295,7 @@ func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, no
 			if issuer(r.leaf, cas) == w.want {
 				pending = append(pending, r.ID)
 			}
-		case successor != nil && !slices.Contains(r.TrustedCAs, dynamiccert.Fingerprint(successor)):
+		case successor != nil && !slices.Contains(r.TrustedCAs, authority.Fingerprint(successor)):
 			pending = append(pending, r.ID)
 		}
 	}
@@ -303,14 +303,14 @@ func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, no
 	case len(live) == 0:
 		return "no live replica announces itself in a Lease: is an Authority running for this Secret, and can it update it?"
 	case draining && len(pending) > 0:
-		return fmt.Sprintf("CA %s signs; live replicas still serving a leaf from compromised CA %s: %s", dynamiccert.Fingerprint(signing), w.want, strings.Join(pending, ", "))
+		return fmt.Sprintf("CA %s signs; live replicas still serving a leaf from compromised CA %s: %s", authority.Fingerprint(signing), w.want, strings.Join(pending, ", "))
 	case draining:
-		return fmt.Sprintf("CA %s signs and no live replica serves a leaf from compromised CA %s any more", dynamiccert.Fingerprint(signing), w.want)
+		return fmt.Sprintf("CA %s signs and no live replica serves a leaf from compromised CA %s any more", authority.Fingerprint(signing), w.want)
 	case successor == nil:
 		return fmt.Sprintf("no successor CA in the Secret yet (live replicas: %s)", strings.Join(live, ", "))
 	case len(pending) > 0:
-		return fmt.Sprintf("live replicas that have not announced successor CA %s: %s", dynamiccert.Fingerprint(successor), strings.Join(pending, ", "))
+		return fmt.Sprintf("live replicas that have not announced successor CA %s: %s", authority.Fingerprint(successor), strings.Join(pending, ", "))
 	default:
-		return fmt.Sprintf("every live replica announced successor CA %s (%s)", dynamiccert.Fingerprint(successor), strings.Join(live, ", "))
+		return fmt.Sprintf("every live replica announced successor CA %s (%s)", authority.Fingerprint(successor), strings.Join(live, ", "))
 	}
 }

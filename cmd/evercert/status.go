@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -132,7 +133,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, hosts 
 	} else {
 		problem("the Secret holds no signing CA in %s", corev1.TLSCertKey)
 	}
-	successor := parseCertPEM(secret.Data[dynamiccert.AuthorityNextCertKey])
+	successor := parseCertPEM(secret.Data[authority.NextCertKey])
 	if successor != nil {
 		cas = append(cas, successor)
 	}
@@ -178,7 +179,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, hosts 
 	}
 	if successor != nil {
 		s := &successorInfo{caInfo: describeCA(successor), PendingObservers: []string{}}
-		if t, err := time.Parse(time.RFC3339, secret.Annotations[dynamiccert.AuthorityNextSinceAnnotation]); err == nil {
+		if t, err := time.Parse(time.RFC3339, secret.Annotations[authority.NextSinceAnnotation]); err == nil {
 			t = t.UTC()
 			s.PublishedAt = &t
 		}
@@ -211,7 +212,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, hosts 
 				if root, err := verifyChain(r.leaf, nil, f.bundle, "", now); err != nil {
 					v.Error = err.Error()
 				} else {
-					v.Verifies, v.CA = true, dynamiccert.Fingerprint(root)
+					v.Verifies, v.CA = true, authority.Fingerprint(root)
 				}
 				tr.Verifies = tr.Verifies && v.Verifies
 				tr.Replicas = append(tr.Replicas, v)
@@ -231,14 +232,14 @@ func (k *kube) status(ctx context.Context, name string, targets []target, hosts 
 // operatorRequests lists the operator annotations on the Secret.
 func operatorRequests(ann map[string]string) []requestInfo {
 	out := []requestInfo{}
-	if v := ann[dynamiccert.RotateRequestedAnnotation]; v != "" {
-		out = append(out, requestInfo{Annotation: dynamiccert.RotateRequestedAnnotation, Value: v,
-			Handled: ann[dynamiccert.RotateHandledAnnotation] == v})
+	if v := ann[authority.RotateRequestedAnnotation]; v != "" {
+		out = append(out, requestInfo{Annotation: authority.RotateRequestedAnnotation, Value: v,
+			Handled: ann[authority.RotateHandledAnnotation] == v})
 	}
-	if v := ann[dynamiccert.CompromisedCAAnnotation]; v != "" {
-		out = append(out, requestInfo{Annotation: dynamiccert.CompromisedCAAnnotation, Value: v,
-			Reason: ann[dynamiccert.CompromisedReasonAnnotation], At: ann[dynamiccert.CompromisedAtAnnotation],
-			Handled: ann[dynamiccert.CompromisedHandledAnnotation] == v})
+	if v := ann[authority.CompromisedCAAnnotation]; v != "" {
+		out = append(out, requestInfo{Annotation: authority.CompromisedCAAnnotation, Value: v,
+			Reason: ann[authority.CompromisedReasonAnnotation], At: ann[authority.CompromisedAtAnnotation],
+			Handled: ann[authority.CompromisedHandledAnnotation] == v})
 	}
 	return out
 }

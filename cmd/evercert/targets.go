@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -157,7 +157,7 @@ type caInfo struct {
 
 func describeCA(c *x509.Certificate) caInfo {
 	return caInfo{
-		Subject: c.Subject.String(), Fingerprint: dynamiccert.Fingerprint(c), Serial: c.SerialNumber.Text(16),
+		Subject: c.Subject.String(), Fingerprint: authority.Fingerprint(c), Serial: c.SerialNumber.Text(16),
 		NotBefore: c.NotBefore.UTC(), NotAfter: c.NotAfter.UTC(),
 	}
 }

@@ -35,10 +35,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
-	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/proctest"
 	"github.com/evercert/evercert/internal/testcluster"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/controllerruntime/example/operator/webhooks"
 )
 
@@ -115,7 +115,7 @@ func TestE2EOperatorReplicas(t *testing.T) {
 	l.pause.Lock() // no Widget call in flight at the kill
 	secret, err := admin.CoreV1().Secrets(operatorNS).Get(ctx, caSecret, metav1.GetOptions{})
 	require.NoError(t, err)
-	require.Contains(t, secret.Data, dynamiccert.AuthorityNextCertKey, "the successor CA is published and not signing at the kill")
+	require.Contains(t, secret.Data, authority.NextCertKey, "the successor CA is published and not signing at the kill")
 	rotationsAtKill := ca.rotations()
 	victim.kill(t)
 	t.Logf("SIGKILLed %s %v after start, successor CA published and not signing (rotations so far: %d)",
@@ -145,7 +145,7 @@ func TestE2EOperatorReplicas(t *testing.T) {
 	waitUntil(victim.name+" ready again after its restart", victim.routable.Load)
 	secret, err = admin.CoreV1().Secrets(operatorNS).Get(ctx, caSecret, metav1.GetOptions{})
 	require.NoError(t, err)
-	_, pending := secret.Data[dynamiccert.AuthorityNextCertKey]
+	_, pending := secret.Data[authority.NextCertKey]
 	t.Logf("%s restarted and ready %v after start; successor CA still pending at its return: %v (rotations so far: %d)",
 		victim.name, time.Since(began).Round(100*time.Millisecond), pending, ca.rotations())
 
@@ -433,7 +433,7 @@ func (w *caWatch) observe(obj any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	signing := fingerprint(s.Data[corev1.TLSCertKey])
-	_, next := s.Data[dynamiccert.AuthorityNextCertKey]
+	_, next := s.Data[authority.NextCertKey]
 	if w.signing != "" && signing != w.signing {
 		w.rotated++
 	}

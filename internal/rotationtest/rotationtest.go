@@ -8,14 +8,14 @@ package rotationtest
 import (
 	"time"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/sni"
 )
 
 // Settled reports whether p's Run loop has caught up with now: nothing its
 // schedule does is due (leaf renewal, publishing a successor CA, letting the
 // successor sign). Only then is the leaf it holds the one it serves at now.
-func Settled(p *dynamiccert.SelfSigned, now time.Time) bool {
+func Settled(p *authority.SelfSigned, now time.Time) bool {
 	st := p.Status()
 	switch {
 	case p.Leaf() == nil || !p.RenewAt().After(now):

@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/rotationtest"
 	"github.com/evercert/evercert/sni"
@@ -79,7 +79,7 @@ func TestControllerRuntimeRecipe(t *testing.T) {
 	// Leaves live an hour and renew with 20 minutes left; CAs live three
 	// hours, a successor is published an hour before the signing CA
 	// expires and signs 10 minutes later (the propagation delay).
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: "webhook", Hosts: []string{webhookName}, Lifetime: time.Hour, Clock: clk,
 	})
 	require.NoError(t, err)

@@ -55,13 +55,13 @@ func verbs(vs []string, group, resource, sub, ns, name string) []request {
 	return out
 }
 
-// authorityUses are the requests of a dynamiccert.Authority keeping its CA
-// in ns/secret (AuthorityConfig.Client documents them). The Secret is
+// authorityUses are the requests of a authority.Authority keeping its CA
+// in ns/secret (authority.Config.Client documents them). The Secret is
 // pre-created by the base, so the create of a missing Secret never happens
 // (RBAC could not restrict it to the one name: create carries none).
 func authorityUses(ns, secret string) uses {
 	return uses{
-		code: "dynamiccert/authority.go AuthorityConfig.Client (Secret: get, list, watch, update by name; Leases: get, list, watch, create, update, delete)",
+		code: "authority/authority.go Config.Client (Secret: get, list, watch, update by name; Leases: get, list, watch, create, update, delete)",
 		requests: append(verbs([]string{"get", "list", "watch", "update"}, "", "secrets", "", ns, secret),
 			verbs([]string{"get", "list", "watch", "create", "update", "delete"}, "coordination.k8s.io", "leases", "", ns, "")...),
 	}

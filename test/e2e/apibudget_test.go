@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/proctest"
@@ -58,7 +59,7 @@ const (
 
 	// Goals of issue 22 §1. At rest: at most one non-watch request per
 	// replica per minute. Per CA rotation: linear in the replicas with a
-	// small constant. The formula (dynamiccert's TestAPIBudgetPerRotation
+	// small constant. The formula (authority's TestAPIBudgetPerRotation
 	// states and checks it on the fake API server): beyond the renewals, a
 	// rotation costs 4R + 3 + 2k requests for R replicas and no caBundle
 	// targets. Each replica writes its Lease when it loads the successor
@@ -268,19 +269,19 @@ func (r *budgetRig) probe(ctx context.Context) {
 // leasesHold reports whether every replica's Lease announces a leaf signed
 // by ca and trusts ca, with a description of the first that does not.
 func (r *budgetRig) leasesHold(ca *x509.Certificate) (bool, string) {
-	leases, err := r.admin.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{LabelSelector: dynamiccert.AuthorityLeaseLabel + "=" + budgetCASecret})
+	leases, err := r.admin.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{LabelSelector: authority.LeaseLabel + "=" + budgetCASecret})
 	if err != nil {
 		return false, err.Error()
 	}
 	if len(leases.Items) != len(r.replicas) {
 		return false, fmt.Sprintf("%d Leases, want %d", len(leases.Items), len(r.replicas))
 	}
-	fp := dynamiccert.Fingerprint(ca)
+	fp := authority.Fingerprint(ca)
 	for _, l := range leases.Items {
-		if !slices.Contains(strings.Split(l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation], ","), fp) {
+		if !slices.Contains(strings.Split(l.Annotations[authority.TrustedCAsAnnotation], ","), fp) {
 			return false, "Lease " + l.Name + " does not trust " + ca.Subject.CommonName
 		}
-		leaves, err := pki.ParseCABundle([]byte(l.Annotations[dynamiccert.AuthorityLeafAnnotation]))
+		leaves, err := pki.ParseCABundle([]byte(l.Annotations[authority.LeafAnnotation]))
 		if err != nil || len(leaves) == 0 || leaves[0].CheckSignatureFrom(ca) != nil {
 			return false, "Lease " + l.Name + " announces no leaf signed by " + ca.Subject.CommonName
 		}
@@ -299,7 +300,7 @@ const renewalEdge = 3 * time.Second
 // on this machine's clock). The test fails when the replicas' renewals
 // leave no such moment within a period.
 func (r *budgetRig) renewalQuietStart(period time.Duration) time.Time {
-	leases, err := r.admin.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{LabelSelector: dynamiccert.AuthorityLeaseLabel + "=" + budgetCASecret})
+	leases, err := r.admin.CoordinationV1().Leases(ns).List(context.Background(), metav1.ListOptions{LabelSelector: authority.LeaseLabel + "=" + budgetCASecret})
 	require.NoError(r.t, err)
 	var renewed []time.Time
 	for _, l := range leases.Items {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/testcluster"
@@ -40,7 +41,7 @@ func TestE2EDualKeyTypesAuthority(t *testing.T) {
 
 	const lifetime = time.Hour
 	clk := clocktesting.NewFakeClock(time.Now())
-	a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	a, err := authority.New(authority.Config{
 		Name: "e2e-dual", Namespace: ns, SecretName: "dual-ca", Client: client,
 		Hosts: []string{"webhook.test"}, Lifetime: lifetime, CALifetime: 4 * lifetime, Clock: clk,
 		KeyTypes:                    []dynamiccert.KeyType{dynamiccert.ECDSAP256, dynamiccert.RSA2048},

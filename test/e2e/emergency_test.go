@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/testcluster"
@@ -108,7 +108,7 @@ func TestE2EEmergencyRotation(t *testing.T) {
 	cas, err := pki.ParseCABundle(secret.Data["tls.crt"])
 	require.NoError(t, err)
 	bad := cas[0]
-	fp := dynamiccert.Fingerprint(bad)
+	fp := authority.Fingerprint(bad)
 	for name, b := range caBundles() {
 		require.True(t, holdsFingerprint(b, fp), "%s holds the signing CA before the mark", name)
 	}
@@ -117,9 +117,9 @@ func TestE2EEmergencyRotation(t *testing.T) {
 		if secret.Annotations == nil {
 			secret.Annotations = map[string]string{}
 		}
-		secret.Annotations[dynamiccert.CompromisedCAAnnotation] = fp
-		secret.Annotations[dynamiccert.CompromisedReasonAnnotation] = "e2e: key leaked"
-		secret.Annotations[dynamiccert.CompromisedAtAnnotation] = marked.UTC().Format(time.RFC3339)
+		secret.Annotations[authority.CompromisedCAAnnotation] = fp
+		secret.Annotations[authority.CompromisedReasonAnnotation] = "e2e: key leaked"
+		secret.Annotations[authority.CompromisedAtAnnotation] = marked.UTC().Format(time.RFC3339)
 		_, err = secrets.Update(ctx, secret, metav1.UpdateOptions{})
 		if !apierrors.IsConflict(err) {
 			require.NoError(t, err)
@@ -130,7 +130,7 @@ func TestE2EEmergencyRotation(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		s, err := secrets.Get(ctx, webhookCASecret, metav1.GetOptions{})
-		if err != nil || s.Annotations[dynamiccert.CompromisedHandledAnnotation] != fp || holdsFingerprint(s.Data["ca.crt"], fp) {
+		if err != nil || s.Annotations[authority.CompromisedHandledAnnotation] != fp || holdsFingerprint(s.Data["ca.crt"], fp) {
 			return false
 		}
 		for _, b := range caBundles() {
@@ -166,5 +166,5 @@ func TestE2EEmergencyRotation(t *testing.T) {
 
 func holdsFingerprint(bundle []byte, fp string) bool {
 	cas, err := pki.ParseCABundle(bundle)
-	return err == nil && slices.ContainsFunc(cas, func(c *x509.Certificate) bool { return dynamiccert.Fingerprint(c) == fp })
+	return err == nil && slices.ContainsFunc(cas, func(c *x509.Certificate) bool { return authority.Fingerprint(c) == fp })
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -149,8 +150,8 @@ func TestE2EWebhookReportsIgnoredMark(t *testing.T) {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
-		s.Annotations[dynamiccert.CompromisedCAAnnotation] = mistyped
-		s.Annotations[dynamiccert.CompromisedReasonAnnotation] = "drill"
+		s.Annotations[authority.CompromisedCAAnnotation] = mistyped
+		s.Annotations[authority.CompromisedReasonAnnotation] = "drill"
 		_, err = admin.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
 		return err
 	}))

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -155,7 +156,7 @@ func fingerprints(bundle []byte) map[string]bool {
 		return out
 	}
 	for _, c := range certs {
-		out[dynamiccert.Fingerprint(c)] = true
+		out[authority.Fingerprint(c)] = true
 	}
 	return out
 }
@@ -183,16 +184,16 @@ func (o *rotationObserver) secret(obj any) {
 	}
 	bundle := fingerprints(s.Data[dynamiccert.SecretCAKey])
 	o.secretEvents = append(o.secretEvents, secretEvent{at: now, rv: rv, signing: signing[0].Subject.CommonName,
-		next: len(s.Data[dynamiccert.AuthorityNextCertKey]) > 0, bundleSize: len(bundle)})
-	if !bundle[dynamiccert.Fingerprint(signing[0])] {
+		next: len(s.Data[authority.NextCertKey]) > 0, bundleSize: len(bundle)})
+	if !bundle[authority.Fingerprint(signing[0])] {
 		problem("the signing CA is not in ca.crt")
 	}
-	if next := s.Data[dynamiccert.AuthorityNextCertKey]; len(next) > 0 {
+	if next := s.Data[authority.NextCertKey]; len(next) > 0 {
 		certs, err := pki.ParseCABundle(next)
 		if err != nil || len(certs) != 1 {
 			problem("next.crt holds %d certificates (err %v)", len(certs), err)
 		} else {
-			if !bundle[dynamiccert.Fingerprint(certs[0])] {
+			if !bundle[authority.Fingerprint(certs[0])] {
 				problem("the successor is not in ca.crt")
 			}
 			switch {
@@ -496,7 +497,7 @@ func TestE2EObservedRotation(t *testing.T) {
 		before[r] = [2]float64{v, m}
 	}
 
-	// Replicas may disagree by up to the skew tolerance (dynamiccert's
+	// Replicas may disagree by up to the skew tolerance (authority's
 	// package documentation); A and C are 60 minutes apart, so the
 	// tolerance is one hour (the library's default). With less, say
 	// EVERCERT_E2E_SKEW_TOLERANCE=45m, C's successor is not yet valid on
@@ -706,7 +707,7 @@ func TestE2EObservedRotation(t *testing.T) {
 		bundles[k] = slices.Clone(v)
 	}
 	obs.mu.Unlock()
-	successorFP := dynamiccert.Fingerprint(successor)
+	successorFP := authority.Fingerprint(successor)
 
 	var firstLeaf time.Time
 	for _, p := range probes {
@@ -726,13 +727,13 @@ func TestE2EObservedRotation(t *testing.T) {
 		p.mu.Unlock()
 	}
 
-	leases, err := admin.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: dynamiccert.AuthorityLeaseLabel + "=" + webhookCASecret})
+	leases, err := admin.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: authority.LeaseLabel + "=" + webhookCASecret})
 	require.NoError(t, err)
 	var announced, served []string
 	for _, l := range leases.Items {
 		t.Logf("lease %s: holder %s, leaf serial %s, trusted %s", l.Name, ptrString(l.Spec.HolderIdentity),
-			l.Annotations[dynamiccert.AuthorityLeafSerialAnnotation], l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation])
-		announced = append(announced, l.Annotations[dynamiccert.AuthorityLeafSerialAnnotation])
+			l.Annotations[authority.LeafSerialAnnotation], l.Annotations[authority.TrustedCAsAnnotation])
+		announced = append(announced, l.Annotations[authority.LeafSerialAnnotation])
 	}
 	for _, p := range probes {
 		p.mu.Lock()

@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 	signerapp "github.com/evercert/evercert/example/signer/app"
 	"github.com/evercert/evercert/example/webhook/app"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
@@ -293,7 +293,7 @@ func TestE2EPodCertificateWebhook(t *testing.T) {
 		require.NoError(t, err)
 		fps := make([]string, 0, len(cas))
 		for _, c := range cas {
-			fps = append(fps, dynamiccert.Fingerprint(c))
+			fps = append(fps, authority.Fingerprint(c))
 		}
 		t.Logf("ClusterTrustBundle %s holds the CAs %v", ctbName, fps)
 	}

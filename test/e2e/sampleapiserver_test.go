@@ -28,7 +28,7 @@ import (
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/testcluster"
 	"github.com/evercert/evercert/internal/tlstest"
 	"github.com/evercert/evercert/loopback"
@@ -156,7 +156,7 @@ func TestE2ESampleAPIServer(t *testing.T) {
 	ctx := context.Background()
 
 	fc := clocktesting.NewFakeClock(time.Now())
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: "sample-serving", Hosts: []string{"localhost"}, Lifetime: 36 * time.Hour, Clock: fc,
 	})
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
@@ -214,7 +215,7 @@ func TestE2EAuthorityReplicas(t *testing.T) {
 
 	var addrs []string
 	for i := range 3 {
-		a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		a, err := authority.New(authority.Config{
 			Name: "e2e-authority-" + string(rune('a'+i)), Namespace: ns, SecretName: "webhook-ca", Client: client,
 			Hosts:    []string{"webhook.test"},
 			Lifetime: 4 * time.Second, RenewBefore: 2 * time.Second,

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/peer"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/rotationtest"
 	"github.com/evercert/evercert/sni"
@@ -49,11 +49,11 @@ func TestGRPCRecipe(t *testing.T) {
 	// The server's certificate and the clients' identity both rotate: leaves
 	// live an hour (the client's 90 minutes, so that the two sides rotate
 	// at different times), CAs eight times as long.
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: "grpc-server", Hosts: []string{serverName}, Lifetime: time.Hour, Clock: clk,
 	})
 	require.NoError(t, err)
-	clientIdentity, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+	clientIdentity, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 		Name: "grpc-client", Hosts: []string{"client.grpc.evercert.test"}, Lifetime: 90 * time.Minute, Clock: clk,
 	})
 	require.NoError(t, err)

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // TestMigrateFromCertController: OPA cert-controller's rotator runs for
@@ -73,7 +73,7 @@ func TestMigrateFromCertController(t *testing.T) {
 	}
 	e.waitForWebhook()
 
-	e.migrate("cert-controller", dynamiccert.LayoutCertController, func() {
+	e.migrate("cert-controller", authority.LayoutCertController, func() {
 		// The old tool stops rotating; its pods keep serving the files
 		// they have until the front switches (the rolling update).
 		stopMgr()

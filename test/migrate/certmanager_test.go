@@ -6,10 +6,10 @@ import (
 	"time"
 
 	cmtls "github.com/cert-manager/cert-manager/pkg/server/tls"
-	"github.com/cert-manager/cert-manager/pkg/server/tls/authority"
+	cmauthority "github.com/cert-manager/cert-manager/pkg/server/tls/authority"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // TestMigrateFromCertManager: cert-manager's webhook serving stack runs for
@@ -26,7 +26,7 @@ func TestMigrateFromCertManager(t *testing.T) {
 	e := startEnv(t)
 	src := &cmtls.DynamicSource{
 		DNSNames: []string{dnsName},
-		Authority: &authority.DynamicAuthority{
+		Authority: &cmauthority.DynamicAuthority{
 			SecretNamespace: ns, SecretName: secretName, RESTConfig: e.cluster.Config(),
 			CommonName: "cert-manager-webhook-ca", CADuration: 3 * time.Minute, LeafDuration: time.Minute,
 		},
@@ -54,7 +54,7 @@ func TestMigrateFromCertManager(t *testing.T) {
 	waitUntil(t, "cert-manager's source to serve", time.Minute, src.Healthy)
 	e.waitForWebhook()
 
-	e.migrate("cert-manager", dynamiccert.LayoutCertManager, func() {
+	e.migrate("cert-manager", authority.LayoutCertManager, func() {
 		stopInj()
 		<-injDone
 		// cert-manager's webhook keeps serving the leaf it has until the

@@ -24,8 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/testcluster"
 )
 
@@ -211,7 +211,7 @@ func (l *load) errors() string {
 // replica is one evercert replica: its own Authority, cabundle.Publisher
 // and serving provider (the Authority's leaf).
 type replica struct {
-	a *dynamiccert.Authority
+	a *authority.Authority
 	p *cabundle.Publisher
 }
 
@@ -221,13 +221,13 @@ type replica struct {
 // 160s before the signing CA ends (at once for the old tools' 3 min CAs),
 // signing 35s after it was published, once every replica and every
 // replica's caBundle publisher confirmed it.
-func (e *env) startReplicas(n int, layout dynamiccert.SecretLayout) []*replica {
+func (e *env) startReplicas(n int, layout authority.SecretLayout) []*replica {
 	e.t.Helper()
 	var rs []*replica
 	for i := range n {
 		id := fmt.Sprintf("r%d", i)
 		client := kubernetes.NewForConfigOrDie(e.cluster.Config())
-		a, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+		a, err := authority.New(authority.Config{
 			Name: "authority-" + id, Namespace: ns, SecretName: secretName, Client: client,
 			Hosts: []string{dnsName}, Lifetime: time.Minute, ReplicaID: id,
 			Adopt: layout, DisableCreate: true,
@@ -281,7 +281,7 @@ func (e *env) waitForRotation(rs []*replica, old *x509.Certificate) {
 		for _, r := range rs {
 			st := r.a.Status()
 			leaf := r.a.Leaf()
-			if st.Signing.Fingerprint == dynamiccert.Fingerprint(old) || leaf == nil || leaf.Issuer.CommonName != st.Signing.CommonName {
+			if st.Signing.Fingerprint == authority.Fingerprint(old) || leaf == nil || leaf.Issuer.CommonName != st.Signing.CommonName {
 				return false
 			}
 		}
@@ -330,7 +330,7 @@ func (e *env) injectCABundle(ca []byte) error {
 // replicas adopt its Secret, the front switches to them, and the first
 // observed CA rotation runs, all while the load calls the webhook. It
 // logs and checks the failed calls of each phase.
-func (e *env) migrate(tool string, layout dynamiccert.SecretLayout, stopOld func()) {
+func (e *env) migrate(tool string, layout authority.SecretLayout, stopOld func()) {
 	e.t.Helper()
 	secret, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
 	require.NoError(e.t, err)

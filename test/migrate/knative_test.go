@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"knative.dev/pkg/webhook/certificates/resources"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 // TestMigrateFromKnative: knative's certificates are made for real by
@@ -41,7 +41,7 @@ func TestMigrateFromKnative(t *testing.T) {
 	e.front.use(staticCert(&pair))
 	e.waitForWebhook()
 
-	e.migrate("knative", dynamiccert.LayoutKnative, func() {})
+	e.migrate("knative", authority.LayoutKnative, func() {})
 }
 
 func staticCert(c *tls.Certificate) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {

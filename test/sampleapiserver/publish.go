@@ -9,8 +9,8 @@ import (
 	"k8s.io/client-go/rest"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 )
 
 // PublishHookName is the post-start hook that runs the caBundle publisher
@@ -56,7 +56,7 @@ func (c *Config) publishServingCA(apiService string, client aggregatorclient.Int
 	if err != nil {
 		return fmt.Errorf("APIService %s: %w", apiService, err)
 	}
-	if issuer, ok := source.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+	if issuer, ok := source.(interface{ AddObserver(authority.Observer) }); ok {
 		issuer.AddObserver(publisher)
 	}
 	c.GenericConfig.AddReadyzChecks(publisher.HealthCheck())

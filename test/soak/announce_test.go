@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
@@ -75,19 +75,19 @@ func forgedAnnouncementsCycle(w *world, _ int) {
 		return apierrors.NewForbidden(a.GetResource().GroupResource(), secretName, errors.New("soak: this replica lost access to the CA Secret"))
 	}})
 	successor := w.toPublished()
-	fp := dynamiccert.Fingerprint(successor)
+	fp := authority.Fingerprint(successor)
 	att := newAttacker(w)
 	before := w.rejections(certmetrics.AnnouncementForged)
 	end := w.now().Add(w.p.pd + 12*time.Hour)
 	for w.now().Before(end) && !w.t.Failed() {
 		w.act(func() {
 			att.rewrite(blind.id, func(l *coordinationv1.Lease) {
-				l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation] = addCSV(l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation], fp)
+				l.Annotations[authority.TrustedCAsAnnotation] = addCSV(l.Annotations[authority.TrustedCAsAnnotation], fp)
 				l.Spec.RenewTime = &metav1.MicroTime{Time: w.now()}
 			})
 			att.madeUp(func(l *coordinationv1.Lease, _ int) {
-				l.Annotations[dynamiccert.AuthorityTrustedCAsAnnotation] = fp
-				l.Annotations[dynamiccert.AuthorityClocksAheadAnnotation] = w.realIDs()
+				l.Annotations[authority.TrustedCAsAnnotation] = fp
+				l.Annotations[authority.ClocksAheadAnnotation] = w.realIDs()
 				att.sign(l)
 			})
 		})
@@ -121,7 +121,7 @@ func replayedAnnouncementsCycle(w *world, _ int) {
 	for _, p := range []*pod{victim, live} {
 		l := att.lease(p.id)
 		require.NotNil(w.t, l, "%s's Lease", p.name)
-		require.NotEmpty(w.t, l.Annotations[dynamiccert.AuthoritySignatureAnnotation], "%s's Lease is signed", p.name)
+		require.NotEmpty(w.t, l.Annotations[authority.SignatureAnnotation], "%s's Lease is signed", p.name)
 		saved[p.id] = l
 	}
 	w.toPublished()
@@ -156,21 +156,21 @@ func garbledAnnouncementsCycle(w *world, _ int) {
 	beforeG, beforeF := w.rejections(certmetrics.AnnouncementGarbled), w.rejections(certmetrics.AnnouncementForged)
 	n := 0
 	w.untilPromotedUnder(func() {
-		otherSig := att.lease(other.id).Annotations[dynamiccert.AuthoritySignatureAnnotation]
+		otherSig := att.lease(other.id).Annotations[authority.SignatureAnnotation]
 		garble := func(l *coordinationv1.Lease, k int) {
 			l.Spec.RenewTime = &metav1.MicroTime{Time: w.now()}
 			switch k % 3 {
 			case 0:
-				l.Annotations[dynamiccert.AuthoritySignatureAnnotation] = "not base64!"
+				l.Annotations[authority.SignatureAnnotation] = "not base64!"
 			case 1:
-				l.Annotations[dynamiccert.AuthorityLeafAnnotation] = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+				l.Annotations[authority.LeafAnnotation] = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 			case 2:
-				l.Annotations[dynamiccert.AuthoritySignatureAnnotation] = otherSig
+				l.Annotations[authority.SignatureAnnotation] = otherSig
 			}
 		}
 		att.rewrite(victim.id, func(l *coordinationv1.Lease) { garble(l, n) })
 		att.madeUp(func(l *coordinationv1.Lease, i int) {
-			l.Annotations[dynamiccert.AuthorityClocksAheadAnnotation] = w.realIDs()
+			l.Annotations[authority.ClocksAheadAnnotation] = w.realIDs()
 			att.sign(l)
 			if i%3 == 2 {
 				// Over other bytes: the made-up Lease signed, then renewed.
@@ -271,7 +271,7 @@ func rejectionsFinal(reasons ...string) func(w *world, _ int) {
 }
 
 // realIDs lists the live replicas' IDs, comma separated, as
-// AuthorityClocksAheadAnnotation does.
+// authority.ClocksAheadAnnotation does.
 func (w *world) realIDs() string {
 	var ids []string
 	for _, p := range w.live() {
@@ -306,7 +306,7 @@ func newAttacker(w *world) *attacker {
 	a := &attacker{w: w, leaf: leaf}
 	real := a.lease(w.pods[0].id)
 	require.NotNil(w.t, real, "%s's Lease", w.pods[0].name)
-	a.label = real.Labels[dynamiccert.AuthorityLeaseLabel]
+	a.label = real.Labels[authority.LeaseLabel]
 	a.checkEncoding(real)
 	return a
 }
@@ -317,7 +317,7 @@ func (a *attacker) leases() []*coordinationv1.Lease {
 	require.NoError(a.w.t, err)
 	var out []*coordinationv1.Lease
 	for _, l := range obj.(*coordinationv1.LeaseList).Items {
-		if _, ok := l.Labels[dynamiccert.AuthorityLeaseLabel]; ok {
+		if _, ok := l.Labels[authority.LeaseLabel]; ok {
 			out = append(out, l.DeepCopy())
 		}
 	}
@@ -356,10 +356,10 @@ func (a *attacker) madeUp(fill func(l *coordinationv1.Lease, i int)) {
 		holder := fmt.Sprintf("made-up-%d", i)
 		duration := int32(a.w.p.lease / time.Second)
 		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{dynamiccert.AuthorityLeaseLabel: a.label},
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{authority.LeaseLabel: a.label},
 				Annotations: map[string]string{
-					dynamiccert.AuthorityLeafAnnotation:       string(pki.EncodeCertPEM(a.leaf.Cert.Raw)),
-					dynamiccert.AuthorityLeafSerialAnnotation: a.leaf.Cert.SerialNumber.Text(16),
+					authority.LeafAnnotation:       string(pki.EncodeCertPEM(a.leaf.Cert.Raw)),
+					authority.LeafSerialAnnotation: a.leaf.Cert.SerialNumber.Text(16),
 				}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, RenewTime: &metav1.MicroTime{Time: a.w.now()}},
 		}
@@ -383,13 +383,13 @@ func (a *attacker) removeMadeUp() {
 }
 
 // sign signs l with the attacker's own leaf, as a replica signs its
-// announcement (dynamiccert.AuthoritySignatureAnnotation): the signature
+// announcement (authority.SignatureAnnotation): the signature
 // verifies, but the leaf chains to no CA of the Secret.
 func (a *attacker) sign(l *coordinationv1.Lease) {
 	d := sha256.Sum256(announcementMessage(l))
 	sig, err := a.leaf.Key.Sign(rand.Reader, d[:], crypto.SHA256)
 	require.NoError(a.w.t, err)
-	l.Annotations[dynamiccert.AuthoritySignatureAnnotation] = base64.StdEncoding.EncodeToString(sig)
+	l.Annotations[authority.SignatureAnnotation] = base64.StdEncoding.EncodeToString(sig)
 }
 
 // checkEncoding verifies a real replica's signature with announcementMessage,
@@ -398,7 +398,7 @@ func (a *attacker) sign(l *coordinationv1.Lease) {
 func (a *attacker) checkEncoding(real *coordinationv1.Lease) {
 	t := a.w.t
 	require.IsType(t, &ecdsa.PrivateKey{}, a.leaf.Key, "the attacker's key")
-	certs, err := pki.ParseCABundle([]byte(real.Annotations[dynamiccert.AuthorityLeafAnnotation]))
+	certs, err := pki.ParseCABundle([]byte(real.Annotations[authority.LeafAnnotation]))
 	require.NoError(t, err)
 	require.NotEmpty(t, certs)
 	pub, ok := certs[0].PublicKey.(*ecdsa.PublicKey)
@@ -406,14 +406,14 @@ func (a *attacker) checkEncoding(real *coordinationv1.Lease) {
 		t.Logf("%s: the replicas' leaf key is %T: the attacker's encoding is not checked against it", a.w.name, certs[0].PublicKey)
 		return
 	}
-	sig, err := base64.StdEncoding.DecodeString(real.Annotations[dynamiccert.AuthoritySignatureAnnotation])
+	sig, err := base64.StdEncoding.DecodeString(real.Annotations[authority.SignatureAnnotation])
 	require.NoError(t, err)
 	d := sha256.Sum256(announcementMessage(real))
 	require.True(t, ecdsa.VerifyASN1(pub, d[:], sig), "the attacker's encoding of an announcement verifies a real replica's signature")
 }
 
 // announcementMessage is the encoding a replica signs, as
-// dynamiccert.AuthoritySignatureAnnotation documents it (announce_sign.go):
+// authority.SignatureAnnotation documents it (announce_sign.go):
 // each field as its length (uvarint) and its bytes.
 func announcementMessage(l *coordinationv1.Lease) []byte {
 	var b []byte
@@ -424,7 +424,7 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 	field("evercert.io/replica-announcement/v1")
 	field(l.Namespace)
 	field(l.Name)
-	field(l.Labels[dynamiccert.AuthorityLeaseLabel])
+	field(l.Labels[authority.LeaseLabel])
 	var holder, duration, renew string
 	if l.Spec.HolderIdentity != nil {
 		holder = *l.Spec.HolderIdentity
@@ -438,8 +438,8 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 	field(holder)
 	field(duration)
 	field(renew)
-	for _, k := range []string{dynamiccert.AuthorityTrustedCAsAnnotation, dynamiccert.AuthorityBundleHashAnnotation, dynamiccert.AuthorityLeafSerialAnnotation,
-		dynamiccert.AuthorityLeafAnnotation, dynamiccert.AuthorityClocksAheadAnnotation} {
+	for _, k := range []string{authority.TrustedCAsAnnotation, authority.BundleHashAnnotation, authority.LeafSerialAnnotation,
+		authority.LeafAnnotation, authority.ClocksAheadAnnotation} {
 		field(l.Annotations[k])
 	}
 	return b

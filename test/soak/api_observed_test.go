@@ -9,25 +9,25 @@ package soak
 import (
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
-	"github.com/evercert/evercert/dynamiccert"
 )
 
 const observedAPI = true
 
-func newAuthority(cfg dynamiccert.AuthorityConfig, o extraOptions) (*dynamiccert.Authority, error) {
+func newAuthority(cfg authority.Config, o extraOptions) (*authority.Authority, error) {
 	cfg.ReplicaID = o.replicaID
 	cfg.LeaseDuration = o.lease
 	cfg.SkewTolerance = o.skewTolerance
 	cfg.EventRecorder = o.recorder
-	return dynamiccert.NewAuthority(cfg)
+	return authority.New(cfg)
 }
 
-func newSelfSigned(cfg dynamiccert.SelfSignedConfig, o extraOptions) (*dynamiccert.SelfSigned, error) {
+func newSelfSigned(cfg authority.SelfSignedConfig, o extraOptions) (*authority.SelfSigned, error) {
 	cfg.SkewTolerance = o.skewTolerance
 	cfg.EventRecorder = o.recorder
 	cfg.EventObject = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: cfg.Name}
-	return dynamiccert.NewSelfSigned(cfg)
+	return authority.NewSelfSigned(cfg)
 }
 
 func newPublisher(cfg cabundle.PublisherConfig, name string, clk *offsetClock, rec *eventRecorder) (*cabundle.Publisher, error) {
@@ -39,17 +39,17 @@ func newPublisher(cfg cabundle.PublisherConfig, name string, clk *offsetClock, r
 
 // observe makes the replica that runs the publisher wait, before a
 // successor signs, until the webhook configuration holds it.
-func observe(a *dynamiccert.Authority, p *cabundle.Publisher) { a.AddObserver(p) }
+func observe(a *authority.Authority, p *cabundle.Publisher) { a.AddObserver(p) }
 
-func authorityStatus(a *dynamiccert.Authority) (rotationStatus, bool) {
+func authorityStatus(a *authority.Authority) (rotationStatus, bool) {
 	return fromStatus(a.Status()), true
 }
 
-func selfSignedStatus(s *dynamiccert.SelfSigned) (rotationStatus, bool) {
+func selfSignedStatus(s *authority.SelfSigned) (rotationStatus, bool) {
 	return fromStatus(s.Status()), true
 }
 
-func fromStatus(s dynamiccert.RotationStatus) rotationStatus {
+func fromStatus(s authority.RotationStatus) rotationStatus {
 	r := rotationStatus{
 		signingSerial:   s.Signing.Serial,
 		signingNotAfter: s.Signing.NotAfter,

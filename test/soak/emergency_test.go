@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/tlstest"
@@ -49,10 +50,10 @@ func emergencyScenario(name, during string) scenario {
 			w.api.fault.Store(nil)
 			w.advance(time.Minute)
 		}
-		fp := dynamiccert.Fingerprint(bad)
+		fp := authority.Fingerprint(bad)
 		untrusted := func() bool {
 			s := w.api.secret(namespace, secretName)
-			return s != nil && s.Annotations[dynamiccert.CompromisedHandledAnnotation] == fp && !holdsCA(w.webhookBundle(), fp) &&
+			return s != nil && s.Annotations[authority.CompromisedHandledAnnotation] == fp && !holdsCA(w.webhookBundle(), fp) &&
 				!holdsCA(s.Data[dynamiccert.SecretCAKey], fp)
 		}
 		// Fine steps first: without a fault in the way it takes no time
@@ -87,9 +88,9 @@ func (w *world) markCompromised() *x509.Certificate {
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[dynamiccert.CompromisedCAAnnotation] = dynamiccert.Fingerprint(st.signing)
-	s.Annotations[dynamiccert.CompromisedReasonAnnotation] = "soak: " + w.name
-	s.Annotations[dynamiccert.CompromisedAtAnnotation] = w.now().UTC().Format(time.RFC3339)
+	s.Annotations[authority.CompromisedCAAnnotation] = authority.Fingerprint(st.signing)
+	s.Annotations[authority.CompromisedReasonAnnotation] = "soak: " + w.name
+	s.Annotations[authority.CompromisedAtAnnotation] = w.now().UTC().Format(time.RFC3339)
 	require.NoError(w.t, w.api.tracker.Update(secretsGVR, s, namespace, metav1.UpdateOptions{}))
 	w.emergencyAt = append(w.emergencyAt, w.now())
 	return st.signing
@@ -104,5 +105,5 @@ func (w *world) beforeEmergency(at time.Time) bool {
 
 func holdsCA(bundle []byte, fp string) bool {
 	cas, err := pki.ParseCABundle(bundle)
-	return err == nil && slices.ContainsFunc(cas, func(c *x509.Certificate) bool { return dynamiccert.Fingerprint(c) == fp })
+	return err == nil && slices.ContainsFunc(cas, func(c *x509.Certificate) bool { return authority.Fingerprint(c) == fp })
 }

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
@@ -526,7 +527,7 @@ func rollingRestartsCycle(w *world, _ int) {
 	// rotation.
 	look := func(when string) {
 		for _, p := range w.live() {
-			if err := dynamiccert.RotationCheck(p.auth).Check(nil); err != nil {
+			if err := authority.RotationCheck(p.auth).Check(nil); err != nil {
 				w.t.Errorf("%s at %s, %s: %s is NotReady: %v", w.name, w.simTime(), when, p.name, err)
 			}
 		}

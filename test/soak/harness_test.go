@@ -29,6 +29,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
@@ -167,8 +168,8 @@ type pod struct {
 	view   *offsetClock // the pod's clock, for the sni controller and clients
 
 	client *podClient
-	auth   *dynamiccert.Authority
-	self   *dynamiccert.SelfSigned
+	auth   *authority.Authority
+	self   *authority.SelfSigned
 	file   *dynamiccert.FileCertKey
 	ctrl   *sni.DynamicServingCertificateController
 	pub    *cabundle.Publisher
@@ -291,7 +292,7 @@ func (w *world) startPod(idx int) *pod {
 	p.id = replicaID
 
 	var err error
-	authCfg := dynamiccert.AuthorityConfig{
+	authCfg := authority.Config{
 		Name: p.provider("authority"), Namespace: namespace, SecretName: secretName, Client: p.client,
 		Hosts: []string{authorityHost, "127.0.0.1"}, Lifetime: w.p.leaf, RenewBefore: w.p.leafRenew,
 		CALifetime: w.p.ca, CARenewBefore: w.p.caRenew, PropagationDelay: w.p.pd,
@@ -302,7 +303,7 @@ func (w *world) startPod(idx int) *pod {
 	}
 	p.auth, err = newAuthority(authCfg, extraOptions{replicaID: replicaID, lease: w.p.lease, skewTolerance: w.p.skewTolerance, recorder: w.events})
 	require.NoError(t, err)
-	p.self, err = newSelfSigned(dynamiccert.SelfSignedConfig{
+	p.self, err = newSelfSigned(authority.SelfSignedConfig{
 		Name: p.provider("self-signed"), Hosts: []string{selfHost}, SNINames: []string{selfHost},
 		Lifetime: w.p.leaf, RenewBefore: w.p.leafRenew, CALifetime: w.p.ca, CARenewBefore: w.p.caRenew,
 		PropagationDelay: w.p.pd, Clock: clk("self-signed", true),
@@ -380,8 +381,8 @@ func secretWriteKind(before, after *corev1.Secret) string {
 		return "create"
 	case !bytes.Equal(before.Data[corev1.TLSCertKey], after.Data[corev1.TLSCertKey]):
 		return "promote"
-	case len(after.Data[dynamiccert.AuthorityNextCertKey]) > 0 &&
-		!bytes.Equal(before.Data[dynamiccert.AuthorityNextCertKey], after.Data[dynamiccert.AuthorityNextCertKey]):
+	case len(after.Data[authority.NextCertKey]) > 0 &&
+		!bytes.Equal(before.Data[authority.NextCertKey], after.Data[authority.NextCertKey]):
 		return "publish"
 	}
 	return "other"
@@ -698,9 +699,9 @@ func (w *world) caState() (caState, bool) {
 	if c, err := pki.ParseCABundle(s.Data[corev1.TLSCertKey]); err == nil && len(c) > 0 {
 		st.signing = c[0]
 	}
-	if c, err := pki.ParseCABundle(s.Data[dynamiccert.AuthorityNextCertKey]); err == nil && len(c) > 0 {
+	if c, err := pki.ParseCABundle(s.Data[authority.NextCertKey]); err == nil && len(c) > 0 {
 		st.next = c[0]
-		st.nextSince, _ = time.Parse(time.RFC3339, s.Annotations[dynamiccert.AuthorityNextSinceAnnotation])
+		st.nextSince, _ = time.Parse(time.RFC3339, s.Annotations[authority.NextSinceAnnotation])
 	}
 	st.bundle, _ = pki.ParseCABundle(s.Data[dynamiccert.SecretCAKey])
 	return st, st.signing != nil

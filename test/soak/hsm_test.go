@@ -22,7 +22,7 @@ import (
 // scenarios, on the simulated clock.
 const hsmTimeout = time.Minute
 
-// softKeyStore is the soak's dynamiccert.CAKeySource: the CA keys every
+// softKeyStore is the soak's authority.CAKeySource: the CA keys every
 // replica shares, in memory, as an HSM keeps them. While hung, every call
 // and signature blocks until it answers again: an HSM that stops
 // answering. The PKCS#11 implementation itself is tested against SoftHSM2

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/pki"
@@ -106,8 +107,8 @@ func TestSoakSimulatedYears(t *testing.T) {
 	clk := sim.view("clients", 0, false) // read only: the clients' and the controller's time
 	var activity atomic.Int64
 
-	selfSigned := func(name, host string, lifetime time.Duration) *dynamiccert.SelfSigned {
-		p, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: sim.view(name, 0, true)})
+	selfSigned := func(name, host string, lifetime time.Duration) *authority.SelfSigned {
+		p, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: name, Hosts: []string{host}, Lifetime: lifetime, Clock: sim.view(name, 0, true)})
 		require.NoError(t, err)
 		return p
 	}
@@ -115,7 +116,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 	short := selfSigned("soak-short", "short.test", 36*time.Hour)
 	daily := selfSigned("soak-daily", "daily.test", 30*time.Hour)
 	api := newFakeAPI()
-	authority, err := dynamiccert.NewAuthority(dynamiccert.AuthorityConfig{
+	ca, err := authority.New(authority.Config{
 		Name: "soak-authority", Namespace: "ns", SecretName: "ca", Client: api.cs,
 		Hosts: []string{"webhook.test"}, Lifetime: 4 * day, Clock: sim.view("soak-authority", 0, true),
 	})
@@ -148,11 +149,11 @@ func TestSoakSimulatedYears(t *testing.T) {
 	require.NoError(t, err)
 
 	ctrl, err := sni.NewDynamicServingCertificateController(sni.ControllerConfig{Serving: serving,
-		SNI: []dynamiccertificates.SNICertKeyContentProvider{lb, short, daily, authority, files}, Clock: clk})
+		SNI: []dynamiccertificates.SNICertKeyContentProvider{lb, short, daily, ca, files}, Clock: clk})
 	require.NoError(t, err)
 	leaves := map[string]func() *x509.Certificate{
 		serving.Name(): serving.Leaf, short.Name(): short.Leaf, daily.Name(): daily.Leaf,
-		authority.Name(): authority.Leaf, lb.Name(): lb.Leaf,
+		ca.Name(): ca.Leaf, lb.Name(): lb.Leaf,
 		files.Name(): func() *x509.Certificate {
 			if c := parsedLeaf(files); c != nil {
 				return c.Leaf
@@ -160,11 +161,11 @@ func TestSoakSimulatedYears(t *testing.T) {
 			return nil
 		},
 	}
-	for _, p := range []dynamiccertificates.Notifier{serving, short, daily, authority, files, lb, ctrl} {
+	for _, p := range []dynamiccertificates.Notifier{serving, short, daily, ca, files, lb, ctrl} {
 		p.AddListener(activityListener{&activity})
 	}
 	var wg sync.WaitGroup
-	for _, r := range []dynamiccertificates.ControllerRunner{serving, short, daily, authority, files, lb, ctrl} {
+	for _, r := range []dynamiccertificates.ControllerRunner{serving, short, daily, ca, files, lb, ctrl} {
 		wg.Go(func() { r.Run(ctx, 1) })
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -227,7 +228,7 @@ func TestSoakSimulatedYears(t *testing.T) {
 		{"localhost", serving.CurrentCABundleContent},
 		{"short.test", short.CurrentCABundleContent},
 		{"daily.test", daily.CurrentCABundleContent},
-		{"webhook.test", authority.CurrentCABundleContent},
+		{"webhook.test", ca.CurrentCABundleContent},
 		{"file.test", func() []byte { return fileCA.CertPEM }},
 	}
 	previous := make([][]byte, len(targets))

@@ -30,8 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/evercert/evercert/dynamiccert"
-
+	"github.com/evercert/evercert/authority"
 	evercert "github.com/evercert/evercert/controllerruntime"
 	examplev1 "github.com/evercert/evercert/controllerruntime/example/operator/api/v1"
 	examplev2 "github.com/evercert/evercert/controllerruntime/example/operator/api/v2"
@@ -112,7 +111,7 @@ func main() {
 	// evercert:begin
 	if _, err := evercert.Add(mgr, evercert.Config{
 		Namespace: namespace, SecretName: caSecretName, ServiceName: serviceName, Hosts: hosts,
-		Authority:          dynamiccert.AuthorityConfig{Lifetime: certLifetime, CALifetime: caLifetime, ReplicaID: replicaID},
+		Authority:          authority.Config{Lifetime: certLifetime, CALifetime: caLifetime, ReplicaID: replicaID},
 		ValidatingWebhooks: []string{validatingWebhookName}, MutatingWebhooks: []string{mutatingWebhookName}, CRDs: []string{crdName},
 	}); err != nil {
 		setupLog.Error(err, "unable to set up the webhook certificates")

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	netutils "k8s.io/utils/net"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/loopback"
 )
@@ -103,8 +104,8 @@ func NewOptions() *Options {
 	ss.BindPort = DefaultSecurePort
 	return &Options{
 		SecureServing:      ss,
-		SelfSignedHosts:    append([]string(nil), dynamiccert.DefaultSelfSignedHosts...),
-		SelfSignedValidity: dynamiccert.DefaultSelfSignedLifetime,
+		SelfSignedHosts:    append([]string(nil), authority.DefaultSelfSignedHosts...),
+		SelfSignedValidity: authority.DefaultSelfSignedLifetime,
 		LoopbackValidity:   loopback.DefaultValidity,
 		SelfcheckInterval:  DefaultSelfcheckInterval,
 		Authentication:     genericoptions.NewDelegatingAuthenticationOptions(),

@@ -12,12 +12,12 @@ import (
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorfake "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/fake"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 )
 
 func TestRegistrationEnsure(t *testing.T) {
 	ctx := context.Background()
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "serving"})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "serving"})
 	require.NoError(t, err)
 	bundle := serving.CurrentCABundleContent()
 	newReg := func(objects ...*apiregistrationv1.APIService) (*registration, *aggregatorfake.Clientset) {

@@ -17,7 +17,7 @@ import (
 	aggregatorfake "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/internal/backoff"
 )
 
@@ -66,7 +66,7 @@ func (e *ensuring) done() bool {
 
 func testRegistration(t *testing.T, client *aggregatorfake.Clientset) *registration {
 	t.Helper()
-	serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{Name: "serving"})
+	serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{Name: "serving"})
 	require.NoError(t, err)
 	return &registration{client: client, namespace: "ns", name: "svc", port: 443, source: serving}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	certv1alpha1 "github.com/evercert/evercert/example/apiserver/apis/certificates/v1alpha1"
@@ -35,7 +36,7 @@ type Server struct {
 	Loopback *loopback.Certificate
 	// Serving is the in-memory self-signed serving certificate, or nil when
 	// certificate files were given.
-	Serving *dynamiccert.SelfSigned
+	Serving *authority.SelfSigned
 	// Addr is the HOST:PORT the server listens on.
 	Addr string
 	// Publisher keeps the caBundle of the APIService up to date once it is
@@ -77,7 +78,7 @@ func NewServer(o *Options) (*Server, error) {
 	if !o.servedByFiles() {
 		hosts := slices.Clone(o.SelfSignedHosts)
 		if len(hosts) == 0 {
-			hosts = slices.Clone(dynamiccert.DefaultSelfSignedHosts)
+			hosts = slices.Clone(authority.DefaultSelfSignedHosts)
 		}
 		if ip := ss.BindAddress; ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() && !slices.Contains(hosts, ip.String()) {
 			hosts = append(hosts, ip.String())
@@ -88,7 +89,7 @@ func NewServer(o *Options) (*Server, error) {
 				hosts = append(hosts, dns)
 			}
 		}
-		serving, err := dynamiccert.NewSelfSigned(dynamiccert.SelfSignedConfig{
+		serving, err := authority.NewSelfSigned(authority.SelfSignedConfig{
 			Name: "serving", Hosts: hosts, Lifetime: o.SelfSignedValidity, RenewBefore: o.SelfSignedRenewBefore,
 		})
 		if err != nil {
@@ -158,7 +159,7 @@ func NewServer(o *Options) (*Server, error) {
 // newServerRegistration builds the APIService registration: the caBundle
 // source is the in-memory serving CA bundle, or the --apiservice-ca-file
 // bundle when the serving certificate comes from files.
-func newServerRegistration(o *Options, serving *dynamiccert.SelfSigned, namespace, name string) (*registration, error) {
+func newServerRegistration(o *Options, serving *authority.SelfSigned, namespace, name string) (*registration, error) {
 	kubeConfig, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("loading --kubeconfig %s: %w", o.Kubeconfig, err)

@@ -5,7 +5,7 @@
 // podCertificate projected volume, by the policy in --policy (a YAML
 // podcert.Policy). Its CA lives in a Secret (--ca-secret namespace/name,
 // with --kubeconfig), shared by every replica and rotated with observation
-// (dynamiccert.Authority): replicas run side by side without leader
+// (authority.Authority): replicas run side by side without leader
 // election. Clients of the pods trust the CA Secret's ca.crt, or the
 // bundle written to --ca-bundle-file.
 //

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/podcert"
@@ -34,7 +35,7 @@ const reportingController = "evercert.io/example-signer"
 type Signer struct {
 	opts        *Options
 	serving     *server.Serving
-	authority   *dynamiccert.Authority
+	authority   *authority.Authority
 	signer      *podcert.Signer
 	publisher   *cabundle.Publisher // nil without --cluster-trust-bundle
 	broadcaster events.EventBroadcaster
@@ -55,7 +56,7 @@ func New(opts *Options) (*Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	authority, ok := serving.TrustBundle.(*dynamiccert.Authority)
+	authority, ok := serving.TrustBundle.(*authority.Authority)
 	if !ok {
 		return nil, errors.New("--ca-secret: the signer's CA must be an Authority")
 	}
@@ -137,7 +138,7 @@ func (s *Signer) Addr() net.Addr { return s.serving.Addr() }
 func (s *Signer) CABundle() []byte { return s.authority.CurrentCABundleContent() }
 
 // Authority returns the CA the signer signs with.
-func (s *Signer) Authority() *dynamiccert.Authority { return s.authority }
+func (s *Signer) Authority() *authority.Authority { return s.authority }
 
 // Run signs, rotates the CA and serves until ctx is done. It returns nil
 // after a clean shutdown, and a start-up error (no CA, the port in use) at

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
+	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
 	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/server"
@@ -99,7 +100,7 @@ func New(opts *Options) (*Webhook, error) {
 	}
 	// Observed rotation: a successor CA signs only once the API server,
 	// read back, holds it in every caBundle this replica publishes.
-	if issuer, ok := serving.TrustBundle.(interface{ AddObserver(dynamiccert.Observer) }); ok {
+	if issuer, ok := serving.TrustBundle.(interface{ AddObserver(authority.Observer) }); ok {
 		issuer.AddObserver(publisher)
 	}
 	w := &Webhook{opts: opts, serving: serving, publisher: publisher, source: source, signerBundles: signerBundles, broadcaster: broadcaster,

@@ -1,0 +1,219 @@
+package authority
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/evercert/evercert/internal/secretwatch"
+)
+
+// secretReads decides where an Authority's check reads its CA Secret from:
+// the watch it runs anyway (secretwatch.Source.Run, restricted to the one Secret
+// by a field selector), or a GET. At rest a check costs the API server
+// nothing (issue 22: nothing is polled that a watch already delivers); a
+// GET is sent only when the cache cannot be trusted to be current:
+//
+//   - the watch has not synced yet, or is not running (RunOnce);
+//   - the watch reported an error and no event arrived since: it backs
+//     off or re-lists, and what it holds may be old. During an API outage
+//     the checks therefore keep failing and retrying with the issuer's
+//     backoff, and the first that succeeds is how this replica learns the
+//     API server answers again (issuer.run wakes the Lease writer);
+//   - this replica's Lease writes fail (apiFailing): the same reasoning for
+//     an outage the watches do not notice;
+//   - the last request on the Secret failed, or a write conflicted or found
+//     the Secret already created (the Conflict re-read);
+//   - this replica wrote the Secret and the watch has not delivered that
+//     write yet: deciding on the older content would take the Secret for
+//     rolled back (secretStore.restore). A GET that shows what the cache
+//     holds ends the wait too, so a write the watch skipped (a re-list)
+//     does not leave the checks on GETs;
+//   - the watch has not shown its cache current for maxAge: no event, no
+//     bookmark, no list, and no GET that found what the cache holds. A
+//     watch can stay open and deliver nothing (a wedged watch cache, a
+//     proxy); trusting it then would leave the replica blind, e.g. signing
+//     with a CA an operator marked compromised. A healthy kube-apiserver
+//     watch sends a bookmark about every minute (the reflector asks for
+//     them), so at rest this costs nothing there; a server that sends none
+//     (the fake clientset) costs a GET per maxAge.
+//
+// A GET that fails when nothing was read fresh for maxAge (the watch's
+// delivery, a GET) is an unconfirmedReadError: the check fails, and
+// LastError says "stale watch" (counted once per episode) until a read
+// succeeds or the watch delivers again. It does not fail readiness: the
+// same GET fails on every replica alike (see RotationStatus.Stalled).
+//
+// Writes carry the resourceVersion of what was read, from either source, so
+// a stale cache costs a Conflict and a GET, never a lost write. Safe for
+// concurrent use: the watch calls observed, the checks (serialized by
+// issuer.syncMu) the rest.
+type secretReads struct {
+	src *secretwatch.Source
+	// apiFailing, when set, reports that other requests of this replica
+	// fail (the Lease writer's).
+	apiFailing func() bool
+	// maxAge bounds how long ago, on src.Config.Clock, the cache may have
+	// been shown current for a check to use it (see secretReadsMaxAge).
+	maxAge time.Duration
+
+	mu sync.Mutex
+	// mustGet: the next read is a GET (a failed request, a conflict).
+	mustGet bool
+	// awaiting: this replica wrote resourceVersion awaitRV and the watch
+	// has not shown it yet ("" for a client that does not set them: then
+	// any event ends the wait).
+	awaiting bool
+	awaitRV  string
+	// confirmed is when a GET last found what the cache holds.
+	confirmed time.Time
+	// fresh is when a GET last answered (the Secret, or NotFound), or the
+	// first read: the start of the maxAge after which a failed GET leaves
+	// the replica unconfirmed.
+	fresh time.Time
+}
+
+// minSecretCacheAge is the shortest maxAge: twice the kube-apiserver's
+// bookmark frequency (one minute, its watch cache's), so that a healthy
+// watch keeps the cache in use at rest even when a bookmark is a little
+// late.
+const minSecretCacheAge = 2 * time.Minute
+
+// secretReadsMaxAge is the longest an Authority trusts its watch's cache
+// without seeing the watch deliver (an event or a bookmark) or a GET
+// confirm it: its check interval, and at least minSecretCacheAge. A change
+// of the Secret (an operator's compromised-ca mark) is therefore acted on
+// within maxAge plus a check interval even when the watch delivers nothing.
+func secretReadsMaxAge(checkInterval time.Duration) time.Duration {
+	return max(checkInterval, minSecretCacheAge)
+}
+
+func newSecretReads(src *secretwatch.Source, checkInterval time.Duration) *secretReads {
+	return &secretReads{src: src, maxAge: secretReadsMaxAge(checkInterval)}
+}
+
+// unconfirmedReadError is a failed GET of the CA Secret when neither the
+// watch nor a GET showed the Secret as the API server has it for maxAge:
+// the replica cannot see a change of the Secret (a compromised-ca mark, a
+// successor) until a read succeeds. Its message is the same for every
+// attempt of one episode, so it is counted and logged once.
+type unconfirmedReadError struct {
+	err    error
+	maxAge time.Duration
+}
+
+func (e *unconfirmedReadError) Error() string {
+	return fmt.Sprintf("stale watch: no event or bookmark from the Secret's watch and no successful read for %v, and the GET failed: %v", e.maxAge, e.err)
+}
+
+func (e *unconfirmedReadError) Unwrap() error { return e.err }
+
+// observed is called for every watch event (nil: the Secret was deleted).
+func (r *secretReads) observed(secret *corev1.Secret) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.awaiting && (r.awaitRV == "" || secret != nil && secret.ResourceVersion == r.awaitRV) {
+		r.awaiting = false
+	}
+}
+
+// wrote records a successful write; failed a request that failed or
+// conflicted.
+func (r *secretReads) wrote(secret *corev1.Secret) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.awaiting, r.awaitRV, r.mustGet = true, secret.ResourceVersion, false
+}
+
+func (r *secretReads) failed() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mustGet = true
+}
+
+// read returns the Secret as the API server has it, from the watch's cache
+// when it is current, else with a GET; the error is the GET's (NotFound
+// when the cache holds no such Secret). The Secret is the caller's.
+func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
+	now := r.src.Config.Clock.Now()
+	r.mu.Lock()
+	if r.fresh.IsZero() {
+		r.fresh = now // the bound starts with the first read
+	}
+	r.mu.Unlock()
+	cached, inCache, synced, ok := r.fromCache(namespace, name, now)
+	if ok {
+		if !inCache {
+			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+		}
+		return cached.DeepCopy(), nil
+	}
+	secret, err := r.src.Config.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err == nil:
+		r.mustGet, r.fresh = false, now
+		if cached != nil && secret.ResourceVersion != "" && secret.ResourceVersion == cached.ResourceVersion {
+			// The cache holds what the API server has.
+			r.awaiting, r.confirmed = false, now
+		}
+	case apierrors.IsNotFound(err):
+		r.mustGet, r.fresh = false, now
+		if synced && !inCache {
+			r.confirmed = now
+		}
+	default:
+		r.mustGet = true
+		if last := latest(r.fresh, r.src.DeliveredAt()); now.Sub(last) >= r.maxAge && ctx.Err() == nil {
+			err = &unconfirmedReadError{err: err, maxAge: r.maxAge}
+		}
+	}
+	return secret, err
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// fromCache returns the cached Secret (inCache: it exists), whether the
+// cache has synced, and whether the cache may be used at now; cached is
+// set whenever the cache holds one.
+func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *corev1.Secret, inCache, synced, ok bool) {
+	view := r.src.Cache.Load()
+	if view == nil || !view.Synced() {
+		return nil, false, false, false
+	}
+	obj, inCache, err := view.Store.GetByKey(namespace + "/" + name)
+	if err != nil {
+		return nil, false, false, false
+	}
+	if inCache {
+		if cached, _ = obj.(*corev1.Secret); cached == nil {
+			return nil, false, false, false
+		}
+	}
+	r.mu.Lock()
+	// The watch (or a GET) showed the cache current within maxAge: an open
+	// watch that delivers nothing must not be trusted for longer.
+	current := now.Sub(latest(r.confirmed, r.src.DeliveredAt())) < r.maxAge
+	use := current && !r.mustGet && !r.src.WatchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
+	if use && r.awaiting {
+		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV {
+			r.awaiting = false
+		} else {
+			use = false
+		}
+	}
+	r.mu.Unlock()
+	return cached, inCache, true, use
+}

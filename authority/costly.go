@@ -1,0 +1,39 @@
+package authority
+
+import (
+	"crypto"
+	"crypto/x509"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+
+	"github.com/evercert/evercert/internal/pki"
+)
+
+// costly holds the costly calls of the rotation: every check parses the CA
+// Secret, every replica signs its Lease renewals, and every replica
+// verifies every renewal of every peer. They are variables for one reason:
+// the simulator (simulate_test.go) runs many replicas in one process and
+// memoizes the pure ones by input, so each distinct input is still parsed
+// or verified for real, once, and a signature its replicas make is known
+// to verify. Production code never changes them.
+var costly = struct {
+	// parseCA parses a CA certificate and its key (parseCAPair).
+	parseCA func(certPEM, keyPEM []byte) (*pki.Issued, error)
+	// parseBundle parses a PEM bundle of CA certificates.
+	parseBundle func(pemBytes []byte) ([]*x509.Certificate, error)
+	// parseCert parses one DER certificate.
+	parseCert func(der []byte) (*x509.Certificate, error)
+	// signedBy reports whether ca's key signed cert.
+	signedBy func(cert, ca *x509.Certificate) bool
+	// verify checks an announcement's signature (verifyAnnouncementSignature).
+	verify func(pub crypto.PublicKey, msg, sig []byte) error
+	// sign signs a replica's own announcement (signAnnouncement).
+	sign func(l *coordinationv1.Lease, key crypto.Signer) error
+}{
+	parseCA:     parseCAPair,
+	parseBundle: pki.ParseCABundle,
+	parseCert:   x509.ParseCertificate,
+	signedBy:    func(cert, ca *x509.Certificate) bool { return cert.CheckSignatureFrom(ca) == nil },
+	verify:      verifyAnnouncementSignature,
+	sign:        signAnnouncement,
+}

@@ -1,0 +1,1904 @@
+package authority
+
+// The seeded simulator (issue 28): R Authority replicas, each the real code
+// (machine.step, the Secret store and its reads, the Lease writer and
+// watch, the issuer's check and retry), driven one event at a time on
+// simulated clocks against a simulated API server, with faults drawn from a
+// seed. After every event it checks the invariants (simInvariants). A run
+// is deterministic in its schedule: events, faults, lags and backoff jitter
+// come from the seed; only key material is random, and no decision depends
+// on it.
+
+import (
+	"container/heap"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apiruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/pki"
+	"github.com/evercert/evercert/internal/secretwatch"
+)
+
+var (
+	simSeeds       = flag.Int("sim.seeds", 20, "number of seeds TestSimulate runs (make test-sim and make simulate set more)")
+	simFirst       = flag.Int64("sim.first", 1, "first seed TestSimulate runs")
+	simSeedOnly    = flag.Int64("sim.seed", 0, "run only this seed, logging its events")
+	simWorkers     = flag.Int("sim.workers", 0, "seeds run in parallel (0: GOMAXPROCS)")
+	simMutationsOn = flag.Bool("sim.mutations", false, "run TestSimulateFindsMutations and TestSimulateFindsOpenGaps (make test-sim)")
+	simMutSeeds    = flag.Int("sim.mutation-seeds", 3000, "most seeds TestSimulateFindsMutations tries per mutation")
+	simLongMut     = flag.Bool("sim.long-mutations", false, "TestSimulateFindsMutations also restores the rules that take many seeds to catch (make simulate)")
+	simHandEdits   = flag.Bool("sim.hand-edits", false, "TestSimulate draws hand edits of the Secret (paste, garble, delete) among its faults")
+)
+
+// The simulated schedule: a 10-minute leaf and the defaults derived from it
+// (an 80-minute CA renewed 26m40s before its end, a 5m50s propagation
+// delay), or a shorter CA (simCALifetimes) with the defaults derived from
+// that. A run lasts the CA's lifetime plus simAfterCA, so it covers a first
+// CA, its rotation, the first CA's end and the next leaves; with a 40-minute
+// CA, two rotations.
+const (
+	simLifetime  = 10 * time.Minute
+	simCheck     = time.Minute
+	simLease     = 6 * time.Minute
+	simSkew      = 30 * time.Second
+	simAfterCA   = 30 * time.Minute
+	simTargetLag = 5 * time.Second
+	simNamespace = "sim"
+	simSecret    = "ca"
+)
+
+var simEpoch = time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// simConfig is the Config every replica of a run with CAs of
+// caLifetime runs with (completed, so the derived durations are known): the
+// propagation delay and the CA's renewal are the defaults derived from it.
+func simConfig(caLifetime time.Duration) Config {
+	c := Config{
+		Namespace: simNamespace, SecretName: simSecret, Client: fake.NewClientset(), Hosts: []string{"sim.example"},
+		Lifetime: simLifetime, CALifetime: caLifetime, CheckInterval: simCheck, LeaseDuration: simLease, SkewTolerance: simSkew,
+		Clock: clocktesting.NewFakeClock(simEpoch),
+	}
+	if err := c.complete(); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// simCALifetimes are the CA lifetimes a plan draws from, each with its
+// weight: the default (8 leaf lifetimes) and shorter CAs, whose runs are
+// shorter and rotate more often (a 40-minute CA: a 2m30s delay, shorter
+// than the 6-minute Lease, which stresses the rules that wait for
+// replicas). CALifetime 0 in a plan means the default.
+var simCALifetimes = []struct {
+	lifetime time.Duration
+	weight   int
+}{{0, 2}, {60 * time.Minute, 2}, {40 * time.Minute, 6}}
+
+var simConfigs = func() map[time.Duration]Config {
+	m := map[time.Duration]Config{}
+	for _, c := range simCALifetimes {
+		m[c.lifetime] = simConfig(c.lifetime)
+	}
+	return m
+}()
+
+// Bounds the invariants allow (stated in docs/architecture.md):
+var (
+	// simReadBound: a replica reads the Secret fresh at least this often
+	// (secretReadsMaxAge plus two checks).
+	simReadBound = secretReadsMaxAge(simCheck) + 2*simCheck
+	// simDrainBound (S3): a CA marked compromised leaves every bundle
+	// within this much quiet time: the mark is read (simReadBound), the
+	// successor is announced by every live replica and signs, every leaf
+	// is re-issued, and a crashed replica's Lease ages out.
+	simDrainBound = simReadBound + 2*simLease + 6*simCheck
+	// simSettle (L1): once quiet, a due rotation completes within the
+	// propagation delay plus this (a crashed replica's Lease ages out, the
+	// successor is read and announced by everyone).
+	simSettle = simReadBound + 2*simLease + 4*simCheck
+	// simVisible (V1): a replica whose state diverges from the Secret says
+	// so within this.
+	simVisible = simReadBound + 2*simCheck
+)
+
+// simFault is one fault of a schedule, at an offset from the start.
+type simFault struct {
+	At   time.Duration
+	Kind string
+	Slot int
+	Dur  time.Duration
+	Arg  string
+}
+
+func (f simFault) String() string {
+	s := fmt.Sprintf("%v %s", f.At, f.Kind)
+	if f.Slot >= 0 {
+		s += fmt.Sprintf(" r%d", f.Slot)
+	}
+	if f.Dur != 0 {
+		s += fmt.Sprintf(" for %v", f.Dur)
+	}
+	if f.Arg != "" {
+		s += " " + f.Arg
+	}
+	return s
+}
+
+// routine faults are what operators do every week (graceful restarts,
+// rollouts): they do not end the quiet time that L1 and S3 count. A crash
+// (kill) does, until its process is back: a container restarted in the
+// same pod gives its pod's consumers the full delay again
+// (replicaSet.consumersMayLack).
+func (f simFault) routine() bool {
+	return f.Kind == "stop" || f.Kind == "rollout"
+}
+
+// simPlan is what a seed draws: the replicas, who publishes, the faults.
+type simPlan struct {
+	Seed     int64
+	Replicas int
+	// CALifetime is the CA's lifetime; 0 is the default (simCALifetimes).
+	CALifetime time.Duration
+	Publishers []bool
+	Faults     []simFault
+}
+
+func (p simPlan) String() string {
+	var pubs []string
+	for i, b := range p.Publishers {
+		if b {
+			pubs = append(pubs, fmt.Sprintf("r%d", i))
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d replicas, publishers [%s], %v CAs, %d faults", p.Seed, p.Replicas, strings.Join(pubs, " "), p.cfg().CALifetime, len(p.Faults))
+	for _, f := range p.Faults {
+		b.WriteString("\n    " + f.String())
+	}
+	return b.String()
+}
+
+// simKinds are the fault kinds TestSimulate draws (-sim.hand-edits).
+func simKinds() []string {
+	if *simHandEdits {
+		return simFaultKinds
+	}
+	return simRoutineKinds
+}
+
+// simRoutineKinds are every fault but hand edits of the Secret (paste,
+// garble, delete) and a caBundle publisher that stops while its replica
+// runs (pubdown): the set make test searches. Those two, combined with
+// other faults, still reach the open gaps (simGaps); make simulate and the
+// mutation test draw every kind.
+var simRoutineKinds = []string{
+	"kill", "stop", "rollout", "pause", "clock", "api", "silent", "compromise", "rotate", "forge",
+}
+
+var simFaultKinds = []string{
+	"kill", "stop", "rollout", "pause", "clock", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown",
+}
+
+// simDraw draws a plan from seed: 1 to 10 replicas (most runs have few, as
+// their cost grows with the square), any subset publishing to the caBundle
+// target, and up to 12 faults of any kind at any time.
+func simDraw(seed int64, kinds []string) simPlan {
+	rng := rand.New(rand.NewSource(seed))
+	p := simPlan{Seed: seed}
+	switch x := rng.Intn(20); {
+	case x < 14:
+		p.Replicas = 1 + rng.Intn(3)
+	case x < 19:
+		p.Replicas = 4 + rng.Intn(3)
+	default:
+		p.Replicas = 7 + rng.Intn(4)
+	}
+	p.Publishers = make([]bool, p.Replicas)
+	for i := range p.Publishers {
+		p.Publishers[i] = rng.Intn(2) == 0
+	}
+	total := 0
+	for _, c := range simCALifetimes {
+		total += c.weight
+	}
+	x := rng.Intn(total)
+	for _, c := range simCALifetimes {
+		if x -= c.weight; x < 0 {
+			p.CALifetime = c.lifetime
+			break
+		}
+	}
+	horizon := p.horizon()
+	for range rng.Intn(13) {
+		f := simFault{At: time.Duration(rng.Int63n(int64(horizon * 8 / 10))).Truncate(time.Second), Kind: kinds[rng.Intn(len(kinds))], Slot: rng.Intn(p.Replicas)}
+		switch f.Kind {
+		case "kill", "stop":
+			f.Dur = time.Duration(1+rng.Intn(600)) * time.Second
+			if rng.Intn(2) == 0 {
+				f.Arg = "new-id"
+			}
+		case "rollout":
+			// Every replica rolled, one after another, again and again:
+			// a Deployment rolled at any cadence (issue 27 §1).
+			f.Slot = -1
+			f.Dur = time.Duration(30+rng.Intn(600)) * time.Second
+			f.Arg = fmt.Sprintf("x%d", 1+rng.Intn(12))
+		case "pause", "pubdown":
+			f.Dur = time.Duration(1+rng.Intn(1800)) * time.Second
+		case "silent":
+			f.Dur = time.Duration(1+rng.Intn(3600)) * time.Second
+		case "clock":
+			// Within the skew tolerance: beyond it, the majority rules of
+			// clockskew.go decide, which this first simulator leaves to
+			// the attack tests.
+			f.Arg = (time.Duration(rng.Intn(int(simSkew/time.Second))-int(simSkew/time.Second/2)) * time.Second).String()
+		case "api":
+			f.Dur = time.Duration(1+rng.Intn(900)) * time.Second
+			f.Arg = []string{"secrets:get", "secrets:update", "secrets:*", "leases:*", "*:*"}[rng.Intn(5)] + ":" + []string{"500", "429", "403", "409"}[rng.Intn(4)]
+		case "garble":
+			f.Slot = -1
+			f.Arg = []string{"tls.crt", "ca.crt", "tls.key"}[rng.Intn(3)]
+		case "paste", "delete", "compromise", "rotate":
+			f.Slot = -1
+		case "forge":
+			f.Arg = []string{"unsigned", "replay", "garbled"}[rng.Intn(3)]
+		}
+		p.Faults = append(p.Faults, f)
+	}
+	slices.SortStableFunc(p.Faults, func(a, b simFault) int { return int(a.At - b.At) })
+	return p
+}
+
+// cfg is the configuration every replica of the plan runs with.
+func (p simPlan) cfg() Config { return simConfigs[p.CALifetime] }
+
+// horizon is how long the plan runs: the CA's lifetime and simAfterCA.
+func (p simPlan) horizon() time.Duration { return p.cfg().CALifetime + simAfterCA }
+
+// simViolation is an invariant that failed, and when.
+type simViolation struct {
+	Invariant string
+	At        time.Duration
+	Detail    string
+}
+
+func (v *simViolation) Error() string {
+	return fmt.Sprintf("%s at %v: %s", v.Invariant, v.At, v.Detail)
+}
+
+// simMutation names a rule of the real code taken back to an old one (see
+// mutations); "" for none.
+type simMutation string
+
+// simRun runs plan and returns the first violation, or nil.
+func simRun(plan simPlan, mutation simMutation, logf func(string, ...any)) (*simViolation, simStats) {
+	w := newSimWorld(plan, mutation, logf)
+	return w.run()
+}
+
+// simMutations are the old rules the mutation test restores, each with the
+// invariant that must catch it and the defect it was.
+var simMutations = []struct {
+	mutation  simMutation
+	invariant string
+	defect    string
+	// long: found only after hundreds of seeds (-sim.long-mutations).
+	long bool
+}{
+	{"delay-from-start", "L1", "field trial 4 §1: routine rollouts stall every CA rotation", false},
+	{"trust-watch-forever", "S3", "field trial 4 §2: a watch that stops delivering keeps a compromised CA in use", true},
+	{"compromised-signs", "S3", "a replica started mid-emergency signs its first leaf with the compromised CA", false},
+	{"broken-silent", "V1", "field trial 4 §3: a broken Secret goes silent", false},
+	{"pasted-signs", "S2", "field trial 4 §3: a CA pasted into the Secret signs unobserved", false},
+	{"ignore-observers", "S1", "the observer check skipped", false},
+}
+
+// simMutate sets the package's mutations for m (trust-watch-forever is set
+// per process, in start) and returns the undo. Not safe while other
+// simulations run.
+func simMutate(m simMutation) func() {
+	switch m {
+	case "delay-from-start":
+		mutations.delayFromStart = true
+	case "pasted-signs":
+		mutations.pastedSigns = true
+	case "broken-silent":
+		mutations.brokenSilent = true
+	case "ignore-observers":
+		mutations.ignoreObservers = true
+	case "compromised-signs":
+		mutations.compromisedSigns = true
+	}
+	return func() {
+		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns bool }{}
+	}
+}
+
+// simStats counts what a run did.
+type simStats struct {
+	events, checks, leaseWrites int
+	// gaps counts, per open gap (simGaps), the runs that reached it.
+	gaps map[string]int
+}
+
+// ---- the world --------------------------------------------------------
+
+type simEvent struct {
+	at  time.Time
+	seq int
+	fn  func()
+}
+
+type simQueue []*simEvent
+
+func (q simQueue) Len() int { return len(q) }
+func (q simQueue) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *simQueue) Push(x any)   { *q = append(*q, x.(*simEvent)) }
+func (q *simQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type simWorld struct {
+	plan     simPlan
+	mutation simMutation
+	logf     func(string, ...any)
+	rng      *rand.Rand // lags and jitter; the plan has its own
+	now      time.Time
+	seq      int
+	q        simQueue
+	stats    simStats
+	v        *simViolation
+
+	rv     int64
+	secret *corev1.Secret
+	leases map[string]*coordinationv1.Lease
+
+	slots []*simSlot
+	// target is the caBundle target's content over time (fingerprints).
+	target []simBundle
+	// faults in force: api errors per slot, and the quiet time.
+	apiFaults  []simAPIFault
+	quietSince time.Time
+	// unsafe are the CAs some replica counted as an unsafe rotation; the
+	// emergency successors sign by design before every client has them.
+	unsafe, emergency map[string]bool
+	// first is the first CA: nobody trusted anything before it.
+	first string
+	// marked: CA fingerprint -> when it was marked compromised.
+	marked map[string]time.Time
+	// begun: the CAs that signed a leaf (S2 is judged at the first).
+	begun map[string]bool
+	// publishedAt: when each successor CA first appeared in the Secret.
+	publishedAt map[string]time.Time
+	// parsed caches the Secret's signing CA by resourceVersion (ground
+	// truth for V1 and L1).
+	parsedRV   int64
+	parsedSign *x509.Certificate
+	parsedNext *x509.Certificate
+	// parsedCAs: the fingerprints of the Secret's ca.crt; nil when it
+	// does not parse.
+	parsedCAs map[string]bool
+	// gaps are the open gaps (simGaps) this run reached; gapCAs the CAs
+	// whose handshake failures they explain.
+	gaps   map[string]bool
+	gapCAs map[string]bool
+	// lastSigning is the Secret's signing CA at the last event.
+	lastSigning string
+	// foreign CAs the simulator made (pasted, forged): never trusted by
+	// design.
+	foreign *simCA
+}
+
+type simAPIFault struct {
+	slot           int
+	resource, verb string
+	code           string
+	until          time.Time
+}
+
+type simBundle struct {
+	at  time.Time
+	fps map[string]bool
+}
+
+// simSlot is a pod: its processes come and go.
+type simSlot struct {
+	idx       int
+	publisher bool
+	id        string
+	gen       int
+	proc      *simProc
+	offset    time.Duration
+	// file is the pod's bundle file over time (a restart in the same pod
+	// keeps it; a new pod starts a new one).
+	file []simBundle
+	// until: fault windows.
+	pausedUntil, silentUntil, pubDownUntil time.Time
+}
+
+// simProc is one process of a slot.
+type simProc struct {
+	slot    *simSlot
+	a       *Authority
+	clk     *clocktesting.FakeClock
+	store   cache.Store
+	retry   *issuerRetry
+	wretry  *backoff.Backoff
+	checkAt time.Time // next check, true time
+	checkQ  bool      // a check is queued
+	writeAt time.Time // next Lease writer turn, true time
+	writeQ  bool
+	// lastCheck is when the process last checked: after a pause, its
+	// first act is the check its timer owes (S1 waits for it).
+	lastCheck time.Time
+	// liveSince: when the process last became live (w.live) after not
+	// being live; wasLive: it was live at the last step.
+	liveSince time.Time
+	wasLive   bool
+	// samePod: this process follows one of the same pod (killed or
+	// stopped, restarted with the same identity); ownLease: at its first
+	// check it believed a Lease of its own from before (see
+	// gapSamePodRestart).
+	samePod, ownLease bool
+	started           time.Time
+	backingOff        bool
+	// delivered: the last watch delivery per object (fifo).
+	delivered map[string]time.Time
+	// held: watch deliveries that came while the process was paused, in
+	// order (hold); heldQ: their delivery is queued.
+	held    []func()
+	heldQ   bool
+	wfail   bool
+	leafCA  string // fingerprint of the CA that signed the leaf served
+	leafSN  string
+	unsafe  int
+	checked bool
+	// knownRV is the Secret's resourceVersion this process last saw, and
+	// since when the API has held another one (V1).
+	knownRV    string
+	divergedAt time.Time
+	dead       bool
+}
+
+func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
+	w := &simWorld{plan: plan, mutation: mutation, logf: logf, rng: rand.New(rand.NewSource(plan.Seed*7919 + 1)),
+		now: simEpoch, leases: map[string]*coordinationv1.Lease{}, unsafe: map[string]bool{}, emergency: map[string]bool{},
+		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1}
+	for i := range plan.Replicas {
+		s := &simSlot{idx: i, publisher: plan.Publishers[i], id: fmt.Sprintf("r%d", i)}
+		w.slots = append(w.slots, s)
+	}
+	return w
+}
+
+func (w *simWorld) at(t time.Time, fn func()) {
+	w.seq++
+	heap.Push(&w.q, &simEvent{at: t, seq: w.seq, fn: fn})
+}
+
+func (w *simWorld) log(format string, args ...any) {
+	if w.logf != nil {
+		w.logf("%8v  "+format, append([]any{w.now.Sub(simEpoch)}, args...)...)
+	}
+}
+
+func (w *simWorld) fail(invariant, format string, args ...any) {
+	if w.v == nil {
+		w.v = &simViolation{Invariant: invariant, At: w.now.Sub(simEpoch), Detail: fmt.Sprintf(format, args...)}
+		w.log("VIOLATION %s", w.v.Error())
+		if w.logf != nil {
+			for _, sl := range w.slots {
+				if p := sl.proc; p != nil && w.alive(p) {
+					st := p.a.Status()
+					w.log("  r%d: phase %s, signing %s, successor %v, emergency %+v, last error %v, skew %q", sl.idx, st.Phase, st.Signing.Fingerprint, st.Successor, st.Emergency, st.LastError, st.ClockSkew)
+					r := p.a.replicas
+					r.mu.Lock()
+					prev := r.seen[r.leaseName]
+					w.log("  r%d: Leases listed %v (forbidden %v), own written %v, own Lease before this process %+v", sl.idx, r.listed, r.listForbidden, r.written != (announcement{}), prev)
+					r.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+func (w *simWorld) run() (*simViolation, simStats) {
+	for _, s := range w.slots {
+		w.start(s)
+	}
+	for _, f := range w.plan.Faults {
+		w.at(simEpoch.Add(f.At), func() { w.inject(f) })
+	}
+	end := simEpoch.Add(w.plan.horizon())
+	sameInstant := 0
+	for w.q.Len() > 0 && w.v == nil {
+		e := heap.Pop(&w.q).(*simEvent)
+		if e.at.After(end) {
+			break
+		}
+		if e.at.After(w.now.Add(time.Millisecond)) {
+			w.now, sameInstant = e.at, 0
+		} else if e.at.After(w.now) {
+			w.now = e.at
+		}
+		sameInstant++
+		if sameInstant > 5000 {
+			// Every retry backs off and every deadline lies ahead: events
+			// that keep coming without time passing are a hot loop.
+			w.fail("L1", "hot loop: %d events within a millisecond", sameInstant)
+			break
+		}
+		w.stats.events++
+		e.fn()
+		if w.v == nil {
+			w.checkInvariants()
+		}
+	}
+	for _, s := range w.slots {
+		if s.proc != nil {
+			w.stopProc(s.proc)
+		}
+	}
+	w.stats.gaps = map[string]int{}
+	for g := range w.gaps {
+		w.stats.gaps[g] = 1
+	}
+	return w.v, w.stats
+}
+
+// ---- processes --------------------------------------------------------
+
+func (w *simWorld) start(s *simSlot) {
+	s.gen++
+	cfg := w.plan.cfg()
+	cfg.Name = "sim"
+	cfg.ReplicaID = s.id
+	cfg.Clock = nil
+	clk := clocktesting.NewFakeClock(w.now.Add(s.offset))
+	cfg.Clock = clk
+	p := &simProc{slot: s, clk: clk, started: w.now, retry: newIssuerRetry(), wretry: backoff.New(backoff.DefaultInitial, backoff.DefaultCap)}
+	src := rand.New(rand.NewSource(w.rng.Int63()))
+	p.retry.backoff.SetJitterSource(src.Float64)
+	p.retry.waiting.SetJitterSource(src.Float64)
+	p.wretry.SetJitterSource(src.Float64)
+	// A bare Clientset: NewClientset builds a REST mapper of the whole
+	// scheme, milliseconds per process.
+	cs := &fake.Clientset{}
+	cs.AddReactor("*", "*", func(a clienttesting.Action) (bool, apiruntime.Object, error) { return w.serve(p, a) })
+	cfg.Client = cs
+	if s.publisher {
+		cfg.Observers = []Observer{simObserver{w}}
+	}
+	a, err := New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	p.a = a
+	if w.mutation == "trust-watch-forever" {
+		a.store.reads.maxAge = 1 << 62
+	}
+	// The Secret's watch: its cache is what the simulator delivers.
+	p.store = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	a.store.src.Cache.Store(&secretwatch.View{Store: p.store, Synced: func() bool { return true }})
+	if w.secret != nil {
+		_ = p.store.Add(w.secret.DeepCopy())
+		p.knownRV = w.secret.ResourceVersion
+	}
+	p.setClock(w)
+	a.store.src.MarkDelivered()
+	a.replicas.woke()
+	s.proc = p
+	w.log("r%d starts as %s", s.idx, s.id)
+	w.queueCheck(p, w.now)
+	w.queueWrite(p, w.now)
+	w.bookmarks(p)
+}
+
+func (p *simProc) setClock(w *simWorld) { p.clk.SetTime(w.now.Add(p.slot.offset)) }
+
+func (w *simWorld) stopProc(p *simProc) {
+	p.dead = true
+	if p.slot.proc == p {
+		p.slot.proc = nil
+	}
+}
+
+func (w *simWorld) alive(p *simProc) bool { return !p.dead && p.slot.proc == p }
+
+func (w *simWorld) paused(p *simProc) bool { return w.now.Before(p.slot.pausedUntil) }
+
+func (w *simWorld) queueCheck(p *simProc, t time.Time) {
+	if p.checkQ && !t.Before(p.checkAt) {
+		return
+	}
+	p.checkQ, p.checkAt = true, t
+	w.at(t, func() {
+		if !w.alive(p) || !p.checkAt.Equal(t) {
+			return
+		}
+		p.checkQ = false
+		if w.paused(p) {
+			w.queueCheck(p, p.slot.pausedUntil)
+			return
+		}
+		w.check(p)
+	})
+}
+
+// queueWrite wakes the Lease writer at t (earlier wake-ups win, as a
+// notification ends the writer's sleep).
+func (w *simWorld) queueWrite(p *simProc, t time.Time) {
+	if p.writeQ && !t.Before(p.writeAt) {
+		return
+	}
+	p.writeQ, p.writeAt = true, t
+	w.at(t, func() {
+		if !w.alive(p) || !p.writeQ || !p.writeAt.Equal(t) {
+			return
+		}
+		p.writeQ = false
+		if w.paused(p) {
+			w.queueWrite(p, p.slot.pausedUntil)
+			return
+		}
+		w.write(p)
+	})
+}
+
+func (w *simWorld) bookmarks(p *simProc) {
+	w.at(w.now.Add(time.Minute), func() {
+		if !w.alive(p) {
+			return
+		}
+		if !w.paused(p) && !w.now.Before(p.slot.silentUntil) {
+			p.setClock(w)
+			p.a.store.src.MarkDelivered()
+		}
+		w.bookmarks(p)
+	})
+}
+
+// check is one turn of issuer.run.
+func (w *simWorld) check(p *simProc) {
+	p.setClock(w)
+	a := p.a
+	select {
+	case <-a.kick:
+	default:
+	}
+	if !p.checked {
+		r := a.replicas
+		r.mu.Lock()
+		p.ownLease = r.seen[r.leaseName] != nil
+		r.mu.Unlock()
+	}
+	next, err := a.issuer.check(context.Background())
+	w.stats.checks++
+	p.checked, p.lastCheck = true, w.now
+	if w.logf != nil {
+		// A replayed seed (-sim.seed) logs every check.
+		w.log("r%d check: next %v, %v", p.slot.idx, next, err)
+		{
+			st := p.a.Status()
+			w.log("   phase %s, signing %s, skew %q, successor %v, emergency %v; Secret resourceVersion %d, cached %s", st.Phase, short(st.Signing.Fingerprint), st.ClockSkew, st.Successor, st.Emergency, w.parsedRV, func() string {
+				o, ok, _ := p.store.GetByKey(simNamespace + "/" + simSecret)
+				if !ok {
+					return "none"
+				}
+				return o.(*corev1.Secret).ResourceVersion
+			}())
+		}
+	}
+	wait, backingOff := p.retry.after(next, err, simCheck, a.successorWaits())
+	// While it backs off, notifications wait for the backoff (issuer.run).
+	p.backingOff = backingOff
+	w.afterCheck(p)
+	select {
+	case <-a.replicas.wantChange:
+		if !p.wfail { // a failing writer backs off whatever changes
+			w.queueWrite(p, w.now)
+		}
+	default:
+	}
+	w.queueCheck(p, w.now.Add(wait))
+}
+
+// afterCheck records what the check changed: the leaf (S2, S3), unsafe
+// rotations, the bundle file and the caBundle target.
+func (w *simWorld) afterCheck(p *simProc) {
+	a := p.a
+	st := a.Status()
+	if st.UnsafeRotations > p.unsafe {
+		p.unsafe = st.UnsafeRotations
+		w.unsafe[st.Signing.Fingerprint] = true
+		w.log("r%d counts an unsafe rotation to %s", p.slot.idx, short(st.Signing.Fingerprint))
+	}
+	a.issuer.mu.RLock()
+	cs := a.issuer.cas.clone()
+	leafCA := a.issuer.leafCA
+	leaf := a.issuer.leaf
+	a.issuer.mu.RUnlock()
+	if cs.ops.successor != "" {
+		w.emergency[cs.ops.successor] = true
+	}
+	if leaf != nil && serial(leaf.Cert) != p.leafSN {
+		p.leafSN = serial(leaf.Cert)
+		ca := Fingerprint(&x509.Certificate{Raw: leafCA})
+		if w.first == "" {
+			w.first = ca
+		}
+		if ca != p.leafCA {
+			w.log("r%d signs with %s", p.slot.idx, short(ca))
+			if w.logf != nil && leaf != nil {
+				w.log("  r%d: still pending for it: %v", p.slot.idx, p.a.issuer.pending(&x509.Certificate{Raw: leafCA}))
+			}
+		}
+		p.leafCA = ca
+		w.checkIssued(p, ca)
+	}
+	w.writeFile(p.slot, a.CurrentCABundleContent())
+	if p.slot.publisher && !w.now.Before(p.slot.pubDownUntil) && !w.apiDown(p.slot.idx) {
+		w.publish(a.CurrentCABundleContent())
+	}
+}
+
+// write is one turn of replicaSet.run: the Lease writer.
+func (w *simWorld) write(p *simProc) {
+	p.setClock(w)
+	r := p.a.replicas
+	r.woke()
+	wait, err := r.writeIfDue(context.Background())
+	if err != nil {
+		_ = r.report.failed(err)
+		wait = p.wretry.Next(err)
+		if !p.wfail {
+			r.writeFailing.Store(true)
+			w.queueCheck(p, w.now)
+		}
+	} else {
+		r.report.succeeded()
+		p.wretry.Reset()
+		r.collect(context.Background())
+	}
+	p.wfail = err != nil
+	r.writeFailing.Store(p.wfail)
+	r.asleep(wait)
+	w.stats.leaseWrites++
+	w.queueWrite(p, w.now.Add(wait))
+}
+
+// kicked schedules a check when the process was notified (Enqueue).
+func (w *simWorld) kicked(p *simProc) {
+	if len(p.a.kick) > 0 && !p.backingOff {
+		w.queueCheck(p, w.now.Add(10*time.Millisecond))
+	}
+}
+
+// ---- the API server ---------------------------------------------------
+
+func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.Object, error) {
+	res, verb := a.GetResource().Resource, a.GetVerb()
+	gr := schema.GroupResource{Group: a.GetResource().Group, Resource: res}
+	for _, f := range w.apiFaults {
+		if f.slot != p.slot.idx || !w.now.Before(f.until) || (f.resource != "*" && f.resource != res) || (f.verb != "*" && f.verb != verb) {
+			continue
+		}
+		switch f.code {
+		case "403":
+			return true, nil, apierrors.NewForbidden(gr, "", fmt.Errorf("simulated RBAC denial"))
+		case "429":
+			return true, nil, apierrors.NewTooManyRequests("simulated", 1)
+		case "409":
+			if verb == "update" {
+				return true, nil, apierrors.NewConflict(gr, "", fmt.Errorf("simulated conflict"))
+			}
+		default:
+			return true, nil, apierrors.NewInternalError(fmt.Errorf("simulated outage"))
+		}
+	}
+	switch res {
+	case "secrets":
+		return w.serveSecret(a, gr)
+	case "leases":
+		return w.serveLease(a, gr)
+	default:
+		return true, nil, nil // events
+	}
+}
+
+func (w *simWorld) nextRV() string {
+	w.rv++
+	return fmt.Sprint(w.rv)
+}
+
+func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) (bool, apiruntime.Object, error) {
+	// Switch on the verb: the action interfaces share method sets (an
+	// UpdateAction is also a CreateAction).
+	switch a.GetVerb() {
+	case "get":
+		if w.secret == nil {
+			return true, nil, apierrors.NewNotFound(gr, simSecret)
+		}
+		return true, w.secret.DeepCopy(), nil
+	case "create":
+		a := a.(clienttesting.CreateAction)
+		if w.secret != nil {
+			return true, nil, apierrors.NewAlreadyExists(gr, simSecret)
+		}
+		s := a.GetObject().(*corev1.Secret).DeepCopy()
+		s.ResourceVersion = w.nextRV()
+		w.setSecret(s)
+		if w.first != "" {
+			// Created again after a delete: a CA no target knows signs
+			// unless a replica wrote back the one it held.
+			if st, err := parseAuthoritySecret(s); err == nil && st.signing != nil {
+				if n := len(w.target); n == 0 || !w.target[n-1].fps[Fingerprint(st.signing.Cert)] {
+					w.gaps[gapLostState] = true
+					w.gapCAs[Fingerprint(st.signing.Cert)] = true
+				}
+			}
+		}
+		return true, s.DeepCopy(), nil
+	case "update":
+		s := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret).DeepCopy()
+		if w.secret == nil {
+			return true, nil, apierrors.NewNotFound(gr, simSecret)
+		}
+		if s.ResourceVersion != w.secret.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gr, simSecret, fmt.Errorf("resourceVersion %s is not %s", s.ResourceVersion, w.secret.ResourceVersion))
+		}
+		s.ResourceVersion = w.nextRV()
+		w.setSecret(s)
+		return true, s.DeepCopy(), nil
+	}
+	return true, nil, fmt.Errorf("simulated API: %s secrets not supported", a.GetVerb())
+}
+
+// setSecret stores s (nil: deleted) and delivers it to every watch.
+func (w *simWorld) setSecret(s *corev1.Secret) {
+	w.secret = s
+	for _, sl := range w.slots {
+		p := sl.proc
+		if p == nil {
+			continue
+		}
+		var snap *corev1.Secret
+		if s != nil {
+			snap = s.DeepCopy()
+		}
+		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(1500))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
+	}
+}
+
+// hold keeps a watch delivery to paused p for when it runs again: the
+// deliveries held wait in the order they came, as a watch's do, however
+// often the pause is extended.
+func (w *simWorld) hold(p *simProc, deliver func()) {
+	p.held = append(p.held, deliver)
+	if p.heldQ {
+		return
+	}
+	p.heldQ = true
+	var flush func()
+	flush = func() {
+		if w.paused(p) {
+			w.at(p.slot.pausedUntil, flush)
+			return
+		}
+		held := p.held
+		p.held, p.heldQ = nil, false
+		for _, d := range held {
+			d()
+		}
+	}
+	w.at(p.slot.pausedUntil, flush)
+}
+
+// fifo returns when a watch event for key reaches p: at t, but never before
+// the previous one for the same object (a watch delivers in order).
+func (w *simWorld) fifo(p *simProc, key string, t time.Time) time.Time {
+	if p.delivered == nil {
+		p.delivered = map[string]time.Time{}
+	}
+	if last := p.delivered[key]; t.Before(last) {
+		t = last
+	}
+	p.delivered[key] = t
+	return t
+}
+
+func (w *simWorld) deliverSecret(p *simProc, s *corev1.Secret) {
+	if !w.alive(p) {
+		return
+	}
+	if w.paused(p) {
+		w.hold(p, func() { w.deliverSecret(p, s) })
+		return
+	}
+	if w.now.Before(p.slot.silentUntil) {
+		return // a wedged watch: nothing arrives (the relist at its end does)
+	}
+	p.setClock(w)
+	if s == nil {
+		_ = p.store.Delete(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: simNamespace, Name: simSecret}})
+	} else {
+		_ = p.store.Update(s)
+	}
+	p.a.store.src.MarkDelivered()
+	_ = p.a.store.src.Handle(s)
+	w.kicked(p)
+}
+
+func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (bool, apiruntime.Object, error) {
+	switch a.GetVerb() {
+	case "list":
+		l := &coordinationv1.LeaseList{}
+		for _, name := range slices.Sorted(maps.Keys(w.leases)) {
+			l.Items = append(l.Items, *w.leases[name].DeepCopy())
+		}
+		return true, l, nil
+	case "get":
+		name := a.(clienttesting.GetAction).GetName()
+		if l := w.leases[name]; l != nil {
+			return true, l.DeepCopy(), nil
+		}
+		return true, nil, apierrors.NewNotFound(gr, name)
+	case "create":
+		l := a.(clienttesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		if w.leases[l.Name] != nil {
+			return true, nil, apierrors.NewAlreadyExists(gr, l.Name)
+		}
+		l.ResourceVersion = w.nextRV()
+		w.setLease(l.Name, l)
+		return true, l.DeepCopy(), nil
+	case "update":
+		l := a.(clienttesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		old := w.leases[l.Name]
+		if old == nil {
+			return true, nil, apierrors.NewNotFound(gr, l.Name)
+		}
+		if l.ResourceVersion != old.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gr, l.Name, fmt.Errorf("stale resourceVersion"))
+		}
+		l.ResourceVersion = w.nextRV()
+		w.setLease(l.Name, l)
+		return true, l.DeepCopy(), nil
+	case "delete":
+		a := a.(clienttesting.DeleteAction)
+		old := w.leases[a.GetName()]
+		if old == nil {
+			return true, nil, apierrors.NewNotFound(gr, a.GetName())
+		}
+		if pre := a.GetDeleteOptions().Preconditions; pre != nil && pre.ResourceVersion != nil && *pre.ResourceVersion != old.ResourceVersion {
+			return true, nil, apierrors.NewConflict(gr, a.GetName(), fmt.Errorf("precondition failed"))
+		}
+		w.setLease(a.GetName(), nil)
+		return true, nil, nil
+	}
+	return true, nil, fmt.Errorf("simulated API: %s leases not supported", a.GetVerb())
+}
+
+func (w *simWorld) setLease(name string, l *coordinationv1.Lease) {
+	old := w.leases[name]
+	if l == nil {
+		delete(w.leases, name)
+	} else {
+		w.leases[name] = l
+	}
+	for _, sl := range w.slots {
+		p := sl.proc
+		if p == nil {
+			continue
+		}
+		snap, gone := l, false
+		if l == nil {
+			snap, gone = old, true
+		}
+		snap = snap.DeepCopy()
+		w.at(w.fifo(p, "lease/"+name, w.now.Add(time.Duration(w.rng.Intn(1500))*time.Millisecond)), func() { w.deliverLease(p, snap, gone) })
+	}
+}
+
+func (w *simWorld) deliverLease(p *simProc, l *coordinationv1.Lease, gone bool) {
+	if !w.alive(p) {
+		return
+	}
+	if w.paused(p) {
+		w.hold(p, func() { w.deliverLease(p, l, gone) })
+		return
+	}
+	p.setClock(w)
+	r := p.a.replicas
+	if gone {
+		r.deleted(l)
+		signal(p.a.kick)
+	} else if r.observe(l) {
+		signal(p.a.kick)
+	}
+	w.kicked(p)
+}
+
+// ---- publishers, observers, clients -----------------------------------
+
+// simObserver is a caBundle publisher's observer: the target holds the CA.
+type simObserver struct{ w *simWorld }
+
+func (o simObserver) Name() string { return "cabundle" }
+func (o simObserver) Observed(ca *x509.Certificate) bool {
+	t := o.w.target
+	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
+}
+
+var simParsed sync.Map // bundle PEM -> map[string]bool
+
+// simNotAfter records every CA's NotAfter the simulator parsed.
+var simNotAfter sync.Map // fingerprint -> time.Time
+
+func simFingerprints(bundle []byte) map[string]bool {
+	if v, ok := simParsed.Load(string(bundle)); ok {
+		return v.(map[string]bool)
+	}
+	fps := map[string]bool{}
+	rest := bundle
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(b.Bytes); err == nil {
+			fps[Fingerprint(c)] = true
+			simNotAfter.Store(Fingerprint(c), c.NotAfter)
+		}
+	}
+	simParsed.Store(string(bundle), fps)
+	return fps
+}
+
+func sameSet(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *simWorld) publish(bundle []byte) {
+	if len(bundle) == 0 {
+		return
+	}
+	fps := simFingerprints(bundle)
+	if n := len(w.target); n > 0 {
+		if sameSet(w.target[n-1].fps, fps) {
+			return
+		}
+		// A publisher never takes a CA out of the target that is still
+		// valid and not marked compromised: a replica behind the others
+		// (a stale read) does not undo their step (cabundle's contest
+		// rules: only a later rotation step overwrites).
+		for fp := range w.target[n-1].fps {
+			if !fps[fp] && w.stillValid(fp) {
+				return
+			}
+		}
+	}
+	w.target = append(w.target, simBundle{at: w.now, fps: fps})
+	// The publishers' observers notify their Authority.
+	for _, s := range w.slots {
+		if s.proc != nil && s.publisher {
+			signal(s.proc.a.kick)
+			w.kicked(s.proc)
+		}
+	}
+}
+
+func (w *simWorld) writeFile(s *simSlot, bundle []byte) {
+	if len(bundle) == 0 {
+		return
+	}
+	fps := simFingerprints(bundle)
+	if n := len(s.file); n > 0 && sameSet(s.file[n-1].fps, fps) {
+		return
+	}
+	s.file = append(s.file, simBundle{at: w.now, fps: fps})
+}
+
+// trustAt is what a client that follows h with lag holds at now: the
+// content written at or before now-lag, or the first content for a client
+// that started after it (a new pod's consumers read the bundle at start).
+func trustAt(h []simBundle, now time.Time, lag time.Duration) map[string]bool {
+	if len(h) == 0 {
+		return nil
+	}
+	at := now.Add(-lag)
+	i := len(h) - 1
+	for i > 0 && h[i].at.After(at) {
+		i--
+	}
+	return h[i].fps
+}
+
+// ---- faults -----------------------------------------------------------
+
+func (w *simWorld) inject(f simFault) {
+	w.log("fault: %s", f)
+	if !f.routine() {
+		end := w.now.Add(f.Dur)
+		if f.Kind == "kill" {
+			end = end.Add(w.plan.cfg().PropagationDelay)
+		}
+		if end.After(w.quietSince) {
+			w.quietSince = end
+		}
+	}
+	var s *simSlot
+	if f.Slot >= 0 {
+		s = w.slots[f.Slot]
+	}
+	switch f.Kind {
+	case "kill", "stop":
+		if s.proc == nil {
+			return
+		}
+		p := s.proc
+		if f.Kind == "stop" {
+			p.setClock(w)
+			p.a.replicas.release(context.Background())
+		}
+		w.stopProc(p)
+		w.at(w.now.Add(f.Dur), func() {
+			if s.proc != nil {
+				return
+			}
+			if f.Arg == "new-id" {
+				w.newPod(s)
+			}
+			w.start(s)
+			s.proc.samePod = f.Arg != "new-id"
+		})
+	case "rollout":
+		n := 1
+		_, _ = fmt.Sscanf(f.Arg, "x%d", &n)
+		for round := range n {
+			for i, s := range w.slots {
+				at := w.now.Add(time.Duration(round)*f.Dur + time.Duration(i)*f.Dur/time.Duration(len(w.slots)+1))
+				w.at(at, func() {
+					if p := s.proc; p != nil {
+						p.setClock(w)
+						p.a.replicas.release(context.Background())
+						w.stopProc(p)
+					}
+					w.newPod(s)
+					w.at(w.now.Add(5*time.Second), func() {
+						if s.proc == nil {
+							w.start(s)
+						}
+					})
+				})
+			}
+		}
+	case "pause":
+		// Overlapping pauses make one: the process runs again when the
+		// last ends (its deferred acts are queued for then).
+		s.pausedUntil = latest(s.pausedUntil, w.now.Add(f.Dur))
+	case "clock":
+		d, _ := time.ParseDuration(f.Arg)
+		s.offset += d
+		if s.offset > simSkew/2 {
+			s.offset = simSkew / 2
+		}
+		if s.offset < -simSkew/2 {
+			s.offset = -simSkew / 2
+		}
+	case "api":
+		parts := strings.Split(f.Arg, ":")
+		w.apiFaults = append(w.apiFaults, simAPIFault{slot: f.Slot, resource: parts[0], verb: parts[1], code: parts[2], until: w.now.Add(f.Dur)})
+	case "silent":
+		s.silentUntil = w.now.Add(f.Dur)
+		w.at(s.silentUntil, func() {
+			// The watch is re-established: a relist delivers the Secret.
+			if p := s.proc; p != nil {
+				var snap *corev1.Secret
+				if w.secret != nil {
+					snap = w.secret.DeepCopy()
+				}
+				w.deliverSecret(p, snap)
+			}
+		})
+	case "pubdown":
+		s.pubDownUntil = w.now.Add(f.Dur)
+	case "paste", "garble", "delete", "compromise", "rotate":
+		w.editSecret(f)
+	case "forge":
+		w.forge(s, f.Arg)
+	}
+}
+
+// newPod gives the slot a new pod: a new replica ID and a new bundle file.
+func (w *simWorld) newPod(s *simSlot) {
+	s.id = fmt.Sprintf("r%d-%d", s.idx, s.gen+1)
+	s.file = nil
+}
+
+// editSecret is an operator (or an attacker with Secret write) editing the
+// CA Secret.
+func (w *simWorld) editSecret(f simFault) {
+	if w.secret == nil {
+		return
+	}
+	s := w.secret.DeepCopy()
+	switch f.Kind {
+	case "delete":
+		w.secret = nil
+		w.setSecret(nil)
+		return
+	case "paste":
+		ca := w.foreignCA()
+		s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey] = ca.certPEM, ca.keyPEM
+	case "garble":
+		s.Data[f.Arg] = []byte("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+	case "compromise":
+		w.parse()
+		if w.parsedSign == nil {
+			return
+		}
+		fp := Fingerprint(w.parsedSign)
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[CompromisedCAAnnotation] = fp
+		s.Annotations[CompromisedReasonAnnotation] = "simulated"
+		if _, ok := w.marked[fp]; !ok {
+			w.marked[fp] = w.now
+		}
+	case "rotate":
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[RotateRequestedAnnotation] = w.now.UTC().Format(time.RFC3339)
+	}
+	s.ResourceVersion = w.nextRV()
+	w.setSecret(s)
+}
+
+// forge writes a Lease no replica signed: unsigned, a replay of another
+// replica's, or garbled.
+func (w *simWorld) forge(s *simSlot, how string) {
+	var src *coordinationv1.Lease
+	for _, name := range slices.Sorted(maps.Keys(w.leases)) {
+		src = w.leases[name]
+		break
+	}
+	if src == nil {
+		return
+	}
+	l := src.DeepCopy()
+	l.Name = fmt.Sprintf("%s-forged-%d", src.Name, w.seq)
+	l.ResourceVersion = ""
+	switch how {
+	case "unsigned":
+		delete(l.Annotations, SignatureAnnotation)
+		l.Annotations[TrustedCAsAnnotation] = "00000000000000000000000000000000"
+	case "replay":
+		l.Name = src.Name // the same Lease, an old renewal
+		l.ResourceVersion = src.ResourceVersion
+		l.Spec.RenewTime = &metav1.MicroTime{Time: src.Spec.RenewTime.Add(-simLease)}
+	case "garbled":
+		l.Annotations[SignatureAnnotation] = "garbled"
+	}
+	if how == "replay" {
+		l.ResourceVersion = w.nextRV()
+		w.setLease(l.Name, l)
+		return
+	}
+	l.ResourceVersion = w.nextRV()
+	w.setLease(l.Name, l)
+}
+
+type simCA struct{ certPEM, keyPEM []byte }
+
+func (w *simWorld) foreignCA() simCA {
+	if w.foreign == nil {
+		cfg := w.plan.cfg()
+		r := rotation{name: "foreign", caKeyType: pki.KeyType(caKeyType(cfg.KeyTypes)), caLifetime: cfg.CALifetime, skew: simSkew}
+		ca, err := r.newCA(w.now)
+		if err != nil {
+			panic(err)
+		}
+		key, err := pki.EncodeKeyPEM(ca.Key)
+		if err != nil {
+			panic(err)
+		}
+		w.foreign = &simCA{certPEM: pki.EncodeCertPEM(ca.Cert.Raw), keyPEM: key}
+	}
+	return *w.foreign
+}
+
+// parse reads the Secret's signing CA and successor (ground truth).
+func (w *simWorld) parse() {
+	if w.secret == nil {
+		w.parsedRV, w.parsedSign, w.parsedNext, w.parsedCAs = -1, nil, nil, nil
+		return
+	}
+	if w.parsedRV == w.rvOf(w.secret) {
+		return
+	}
+	w.parsedRV = w.rvOf(w.secret)
+	w.parsedSign, w.parsedNext, w.parsedCAs = nil, nil, nil
+	if st, err := parseAuthoritySecret(w.secret); err == nil {
+		w.parsedCAs = map[string]bool{}
+		for _, c := range st.bundle {
+			w.parsedCAs[Fingerprint(c)] = true
+		}
+		if st.signing != nil {
+			w.parsedSign = st.signing.Cert
+		}
+		if st.next != nil {
+			w.parsedNext = st.next.Cert
+			if fp := Fingerprint(st.next.Cert); w.publishedAt[fp].IsZero() {
+				w.publishedAt[fp] = w.now
+			}
+		}
+	}
+}
+
+func (w *simWorld) rvOf(s *corev1.Secret) int64 {
+	var n int64
+	_, _ = fmt.Sscan(s.ResourceVersion, &n)
+	return n
+}
+
+// ---- invariants -------------------------------------------------------
+
+// live reports whether p is a live replica as its peers count them: running,
+// not paused, with a Lease renewed within its duration, announcing a leaf
+// of a CA that is still in the Secret (peers believe no other: a replica
+// back from a long pause with a leaf of a CA drained meanwhile is not
+// waited for until it re-issues).
+func (w *simWorld) live(p *simProc) bool {
+	if p == nil || !w.alive(p) || w.paused(p) || !p.checked {
+		return false
+	}
+	if w.parsedCAs != nil && p.leafCA != "" && !w.parsedCAs[p.leafCA] {
+		return false
+	}
+	l := w.leases[p.a.replicas.leaseName]
+	return l != nil && l.Spec.RenewTime != nil && w.now.Add(p.slot.offset).Before(l.Spec.RenewTime.Add(simLease))
+}
+
+func (w *simWorld) ready(p *simProc) bool {
+	if p == nil || !w.alive(p) || w.paused(p) || p.leafSN == "" {
+		return false
+	}
+	if !p.slot.pausedUntil.IsZero() && p.lastCheck.Before(p.slot.pausedUntil) {
+		return false // resumed, and its overdue timer has not fired yet
+	}
+	p.setClock(w) // a probe comes now, not at the process's last act
+	return RotationCheck(p.a).Check(nil) == nil
+}
+
+// checkIssued is S2 and S3 at the moment p issued a leaf signed by ca. S2
+// is judged when ca begins to sign, at its first leaf: a replica that was
+// down while ca was promoted (not waited for, by design) and is back with
+// its bundle not yet refreshed does not make later leaves of ca wrong.
+func (w *simWorld) checkIssued(p *simProc, ca string) {
+	if p.a.emerg.knows(ca) {
+		w.fail("S3", "r%d issued a leaf signed by CA %s after it read the mark that CA is compromised", p.slot.idx, short(ca))
+		return
+	}
+	if ca == w.first || w.unsafe[ca] || w.gapCAs[ca] || w.begun[ca] {
+		return
+	}
+	w.begun[ca] = true
+	if n := len(w.target); n > 0 && !w.target[n-1].fps[ca] {
+		if !w.livePublisher() {
+			// Known and open (issue 27 §4): when every replica that
+			// publishes the caBundle is down longer than the delay, the
+			// others promote without it. Counted, and asserted found by
+			// TestSimulateFindsOpenGaps, until a fix makes it a violation.
+			w.gaps[gapPublisherDown] = true
+			w.gapCAs[ca] = true
+			return
+		}
+		w.fail("S2", "r%d signs with CA %s, which the caBundle target does not hold", p.slot.idx, short(ca))
+		return
+	}
+	for _, s := range w.slots {
+		q := s.proc
+		if q == nil || q == p || !w.live(q) {
+			continue
+		}
+		if at, ok := w.publishedAt[ca]; ok && q.liveSince.After(at) {
+			// Back (from a pause, a cut-off) after ca was published: the
+			// signer waits for it only once the watch shows it live, and
+			// ca may sign meanwhile; it catches up (CatchingUp) and is
+			// not ready until ca has been in its bundle for the delay.
+			continue
+		}
+		if !simFingerprints(q.a.CurrentCABundleContent())[ca] {
+			w.fail("S2", "r%d signs with CA %s, which live replica r%d does not publish", p.slot.idx, short(ca), s.idx)
+			return
+		}
+	}
+}
+
+func (w *simWorld) checkInvariants() {
+	w.parse()
+	if w.parsedSign != nil {
+		if fp := Fingerprint(w.parsedSign); fp != w.lastSigning {
+			if w.lastSigning != "" && len(w.target) > 0 && !w.livePublisher() {
+				// Promoted while no replica that publishes the caBundle
+				// was live: see gapPublisherDown.
+				w.gaps[gapPublisherDown] = true
+				w.gapCAs[fp] = true
+			}
+			w.lastSigning = fp
+		}
+	}
+	quiet := w.now.Sub(w.quietSince)
+	type client struct {
+		name          string
+		lag           time.Duration
+		trust, trust0 map[string]bool
+	}
+	var clients []client
+	if len(w.target) > 0 {
+		for _, lag := range []time.Duration{0, simTargetLag} {
+			clients = append(clients, client{fmt.Sprintf("caBundle client (lag %v)", lag), lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
+		}
+	}
+	anyReady, anyAlive := false, false
+	for _, s := range w.slots {
+		p := s.proc
+		if p == nil || !w.alive(p) {
+			continue
+		}
+		anyAlive = true
+		if l := w.live(p); l != p.wasLive {
+			p.wasLive = l
+			if l {
+				p.liveSince = w.now
+			}
+		}
+		// V1: a replica whose view of the Secret is behind (it has not
+		// read the current resourceVersion) or whose state in force is not
+		// the Secret's says so within simVisible.
+		w.checkVisible(p)
+		if !w.ready(p) {
+			continue
+		}
+		anyReady = true
+		// S1: every client of a ready replica verifies its leaf.
+		leaf := p.a.Leaf()
+		if leaf == nil {
+			continue
+		}
+		if !w.now.Before(leaf.NotAfter) && s.offset < 0 && w.now.Sub(leaf.NotAfter) <= -s.offset {
+			// Known and open: a replica whose clock is behind (within the
+			// tolerance) serves a leaf capped at its CA's end for that
+			// much past the end, when the CA was not replaced in time
+			// (a stalled rotation, visibly Stalled before).
+			w.gaps[gapClockBehindAtEnd] = true
+			continue
+		}
+		if w.now.Before(leaf.NotBefore) || !w.now.Before(leaf.NotAfter) {
+			st := p.a.Status()
+			w.fail("S1", "ready replica r%d serves a leaf valid %s to %s at %s (its clock %s; phase %s)", s.idx, leaf.NotBefore.Format(time.TimeOnly), leaf.NotAfter.Format(time.TimeOnly),
+				w.now.Format(time.TimeOnly), p.clk.Now().Format(time.TimeOnly), st.Phase)
+			return
+		}
+		ca := p.leafCA
+		if _, compromised := w.marked[ca]; compromised {
+			// The emergency's intent: clients stop trusting a CA marked
+			// compromised. A replica cut off from the API (it cannot read
+			// the mark, its Lease ages out, its peers drain without it)
+			// serves it until it reads again; S3 bounds that.
+			continue
+		}
+		if ca == w.first || w.unsafe[ca] || w.emergency[ca] || w.gapCAs[ca] {
+			continue
+		}
+		for _, c := range clients {
+			if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] && c.lag > 0 && c.trust0[ca] {
+				// Known and open: an observer confirms that the target
+				// holds the CA, and a successor confirmed only after its
+				// delay (a publisher that was down) signs at once, while
+				// the target's own clients (the kube-apiserver's informer)
+				// take a moment more. The cabundle observer should confirm
+				// only once the target has held the CA for a moment.
+				w.gaps[gapLateConfirmation] = true
+				continue
+			}
+			if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] {
+				w.fail("S1", "%s does not trust CA %s of ready replica r%d", c.name, short(ca), s.idx)
+				return
+			}
+		}
+		for _, o := range w.slots {
+			// Up to the delay less the skew tolerance: each replica counts
+			// the delay on its own clock, and a clock that steps forward
+			// within the tolerance while it runs shortens it by as much.
+			maxLag := w.plan.cfg().PropagationDelay - simSkew
+			for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
+				if t := trustAt(o.file, w.now, lag); t != nil && !t[ca] && o == s {
+					if p.samePod && !p.ownLease {
+						// Known and open: see gapSamePodRestart.
+						w.gaps[gapSamePodRestart] = true
+						continue
+					}
+					w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", o.idx, lag, short(ca), s.idx)
+					return
+				}
+			}
+		}
+	}
+	// S3: a CA marked compromised leaves every bundle within
+	// simDrainBound of quiet time.
+	brokenForGood := w.secret != nil && w.parsedSign == nil
+	for fp, at := range w.marked {
+		since := w.now.Sub(latest(at, w.quietSince))
+		if brokenForGood && since >= simDrainBound {
+			w.gaps[gapBrokenEmergency] = true
+			continue
+		}
+		if since < simDrainBound {
+			continue
+		}
+		if w.publishing() && len(w.target) > 0 && w.target[len(w.target)-1].fps[fp] {
+			w.fail("S3", "CA %s marked compromised %v ago is still in the caBundle target", short(fp), w.now.Sub(at))
+			return
+		}
+		for _, s := range w.slots {
+			if w.live(s.proc) && simFingerprints(s.proc.a.CurrentCABundleContent())[fp] {
+				w.fail("S3", "CA %s marked compromised %v ago is still in live replica r%d's bundle", short(fp), w.now.Sub(at), s.idx)
+				return
+			}
+		}
+	}
+	// L1: once quiet, a due rotation completes within the delay plus
+	// simSettle, and some replica is ready.
+	// A Secret broken so that no replica can repair it (every replica
+	// started after the edit, or holds only a CA marked compromised) is a
+	// fault that lasts until an operator repairs it: V1 requires it to be
+	// visible, L1 cannot require progress.
+	if anyAlive && quiet >= simSettle && !anyReady && w.settledProc() && !brokenForGood {
+		w.fail("L1", "no replica is ready %v after the last fault", quiet)
+		return
+	}
+	if w.parsedSign != nil && w.secret != nil {
+		due := w.parsedSign.NotAfter.Add(-w.plan.cfg().CARenewBefore)
+		from := latest(due, w.quietSince)
+		if anyAlive && w.now.Sub(from) >= w.plan.cfg().PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
+			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
+				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
+		}
+	}
+}
+
+// settledProc reports whether some process has been running for simSettle:
+// a new process is not ready before its first check.
+func (w *simWorld) settledProc() bool {
+	for _, s := range w.slots {
+		if p := s.proc; p != nil && w.alive(p) && w.now.Sub(p.started) >= simSettle {
+			return true
+		}
+	}
+	return false
+}
+
+// stableAlive reports whether some replica has been running since from:
+// a rotation needs a process that lives through it.
+func (w *simWorld) stableAlive(from time.Time) bool {
+	return true
+}
+
+// apiDown reports whether every request of slot fails now.
+func (w *simWorld) apiDown(slot int) bool {
+	for _, f := range w.apiFaults {
+		if f.slot == slot && f.resource == "*" && w.now.Before(f.until) {
+			return true
+		}
+	}
+	return false
+}
+
+// stillValid reports whether the CA with fingerprint fp is valid now and
+// not marked compromised (the simulator knows every CA the replicas made
+// from the bundles they held).
+func (w *simWorld) stillValid(fp string) bool {
+	if _, marked := w.marked[fp]; marked {
+		return false
+	}
+	if w.secret != nil && slices.Contains(parseOperatorRequests(w.secret).dropped, fp) {
+		return false // a successor dropped in an emergency
+	}
+	end, ok := simNotAfter.Load(fp)
+	return !ok || w.now.Before(end.(time.Time))
+}
+
+// livePublisher reports whether a replica that publishes the caBundle is
+// live.
+func (w *simWorld) livePublisher() bool {
+	for _, s := range w.slots {
+		if s.publisher && w.live(s.proc) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *simWorld) publishing() bool {
+	for _, s := range w.slots {
+		if s.publisher && s.proc != nil && !w.paused(s.proc) && !w.now.Before(s.pubDownUntil) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkVisible is V1 for p.
+func (w *simWorld) checkVisible(p *simProc) {
+	if w.paused(p) || w.secret == nil {
+		p.divergedAt = time.Time{}
+		return
+	}
+	p.a.issuer.mu.RLock()
+	var signing *x509.Certificate
+	if p.a.issuer.cas.signing != nil {
+		signing = p.a.issuer.cas.signing.Cert
+	}
+	p.a.issuer.mu.RUnlock()
+	same := w.parsedSign != nil && signing != nil && signing.Equal(w.parsedSign)
+	if same {
+		p.divergedAt = time.Time{}
+		return
+	}
+	if p.divergedAt.IsZero() {
+		p.divergedAt = w.now
+		return
+	}
+	if w.now.Sub(p.divergedAt) < simVisible {
+		return
+	}
+	st := p.a.Status()
+	if st.LastError != nil || st.Broken != "" || st.ClockSkew != "" || st.Stalled {
+		return
+	}
+	want := "a Secret that does not parse"
+	if w.parsedSign != nil {
+		want = "CA " + short(Fingerprint(w.parsedSign))
+	}
+	w.fail("V1", "r%d has been in force with another CA than the Secret's (%s) for %v and its Status says nothing (phase %s)", p.slot.idx, want, w.now.Sub(p.divergedAt), st.Phase)
+}
+
+// ---- the tests --------------------------------------------------------
+
+// shrink removes faults from plan while mutation still violates the same
+// invariant: what is left is a schedule a person can read.
+func simShrink(plan simPlan, mutation simMutation, invariant string) simPlan {
+	for i := 0; i < len(plan.Faults); {
+		try := plan
+		try.Faults = slices.Delete(slices.Clone(plan.Faults), i, i+1)
+		if v, _ := simRun(try, mutation, nil); v != nil && v.Invariant == invariant {
+			plan = try
+			continue
+		}
+		i++
+	}
+	return plan
+}
+
+// simSearch runs seeds first..first+n-1 on workers and returns the first
+// violating plan (lowest seed) with its violation.
+func simSearch(first int64, n int, kinds []string, mutation simMutation, want string) (*simPlan, *simViolation, simStats, int) {
+	workers := *simWorkers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	var next atomic.Int64
+	next.Store(first)
+	var mu sync.Mutex
+	var found *simPlan
+	var foundV *simViolation
+	var total simStats
+	ran := 0
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				seed := next.Add(1) - 1
+				if seed >= first+int64(n) {
+					return
+				}
+				mu.Lock()
+				stop := found != nil && found.Seed < seed
+				mu.Unlock()
+				if stop {
+					return
+				}
+				plan := simDraw(seed, kinds)
+				v, st := simRun(plan, mutation, nil)
+				mu.Lock()
+				ran++
+				total.events += st.events
+				total.checks += st.checks
+				total.leaseWrites += st.leaseWrites
+				if total.gaps == nil {
+					total.gaps = map[string]int{}
+				}
+				for g, n := range st.gaps {
+					total.gaps[g] += n
+				}
+				if v != nil && (want == "" || v.Invariant == want) && (found == nil || seed < found.Seed) {
+					found, foundV = &plan, v
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return found, foundV, total, ran
+}
+
+// TestSimulate runs -sim.seeds seeds (make test-sim: 400; make simulate:
+// SEEDS) and fails on the first invariant violation, printing the seed
+// and the shrunk schedule.
+func TestSimulate(t *testing.T) {
+	simQuietLogs(t)
+	if *simSeedOnly != 0 {
+		plan := simDraw(*simSeedOnly, simKinds())
+		t.Log(plan)
+		v, st := simRun(plan, "", t.Logf)
+		t.Logf("%d events, %d checks, %d Lease writes", st.events, st.checks, st.leaseWrites)
+		if v != nil {
+			t.Fatal(v)
+		}
+		return
+	}
+	start := time.Now()
+	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
+	elapsed := time.Since(start)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.gaps)
+	if v != nil {
+		shrunk := simShrink(*plan, "", v.Invariant)
+		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)
+	}
+}
+
+// simQuietLogs silences klog for the test: millions of decisions would
+// otherwise be logged (errors too: stderrthreshold).
+func simQuietLogs(t *testing.T) {
+	state := klog.CaptureState()
+	flags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(flags)
+	for name, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		if err := flags.Set(name, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	klog.SetOutput(io.Discard)
+	t.Cleanup(state.Restore)
+}
+
+// TestSimulateFindsMutations restores each old rule in simMutations and
+// requires the simulator to find the violation of the invariant that
+// guards it, from its general fault model (no scenario is written for
+// any), printing the first seed and the shrunk schedule. It shows that
+// every invariant can fail, and that the simulator finds field trial 4's
+// defects by itself.
+func TestSimulateFindsMutations(t *testing.T) {
+	if !*simMutationsOn {
+		t.Skip("run by make test-sim (-sim.mutations), which requires it to pass")
+	}
+	simQuietLogs(t)
+	for _, c := range simMutations {
+		if c.long && !*simLongMut {
+			continue // make simulate runs it
+		}
+		t.Run(string(c.mutation), func(t *testing.T) {
+			undo := simMutate(c.mutation)
+			defer undo()
+			start := time.Now()
+			plan, v, _, ran := simSearch(1, *simMutSeeds, simFaultKinds, c.mutation, c.invariant)
+			if v == nil {
+				t.Fatalf("%s (%s): no %s violation in %d seeds", c.mutation, c.defect, c.invariant, ran)
+			}
+			shrunk := simShrink(*plan, c.mutation, c.invariant)
+			t.Logf("%s (%s): found after %d seeds in %v: %v\n  shrunk: %s", c.mutation, c.defect, ran, time.Since(start).Round(time.Millisecond), v, shrunk)
+		})
+	}
+}
+
+// TestSimulateFindsOpenGaps keeps the gaps the simulator found and this
+// change leaves open (simGaps) in sight: it fails once no seed reaches one
+// of them, which is when its fix lands and it should become a violation.
+func TestSimulateFindsOpenGaps(t *testing.T) {
+	if !*simMutationsOn {
+		t.Skip("run by make test-sim (-sim.mutations), which requires it to pass")
+	}
+	simQuietLogs(t)
+	_, _, st, ran := simSearch(1, 200, simFaultKinds, "", "none")
+	total := 0
+	for _, g := range simGaps {
+		t.Logf("%s: %d of %d seeds", g, st.gaps[g], ran)
+		total += st.gaps[g]
+	}
+	if total == 0 {
+		t.Fatalf("no seed of %d reached an open gap: if they are fixed, make them violations", ran)
+	}
+}
+
+// The open gaps: states the simulator reaches that break an invariant,
+// which this change leaves for later (docs/architecture.md, "Simulator").
+// A run that reaches one does not fail; its handshakes on the CAs
+// concerned are not judged.
+const (
+	// gapPublisherDown (issue 27 §4): every replica that publishes the
+	// caBundle is down longer than the delay; the others promote without
+	// the target holding the successor.
+	gapPublisherDown = "caBundle publishers all down"
+	// gapLateConfirmation: a successor whose observers confirm only after
+	// its delay signs at once; the target's own clients take a moment more.
+	gapLateConfirmation = "late confirmation signs at once"
+	// gapSamePodRestart: a container restarted in the same pod that finds
+	// no believed Lease of its own looks like a new pod and signs with the
+	// CA in force at once (replicaSet.consumersMayLack), while the pod's
+	// bundle file kept what the old process wrote. Its Lease is gone when
+	// it stopped gracefully (the stop deletes it), or when it was down so
+	// long that a peer collected it or its leaf's CA left the Secret.
+	// Reading the bundle file at start would answer it.
+	gapSamePodRestart = "restart in the same pod without its Lease"
+	// gapLostState: the Secret deleted while no replica runs: the first
+	// replica back makes a new CA, which signs at once and is not counted
+	// as unsafe although the targets trust the lost one.
+	gapLostState = "state lost while no replica runs"
+	// gapBrokenEmergency: the Secret's signing part broken by hand during
+	// an emergency: every replica holds only the compromised CA as its
+	// signing CA and refuses to write it back, although it holds the
+	// successor, which it could write back as the signing CA.
+	gapBrokenEmergency = "Secret broken during an emergency"
+	// gapClockBehindAtEnd: a replica whose clock is behind, within the
+	// tolerance, serves a leaf capped at its CA's end for up to that much
+	// after the end, when a stalled rotation let the CA run out.
+	gapClockBehindAtEnd = "clock behind at a CA's end"
+)
+
+var simGaps = []string{gapPublisherDown, gapLateConfirmation, gapSamePodRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
