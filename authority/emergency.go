@@ -163,21 +163,20 @@ func (e *emergency) compromised(ops operatorRequests, c *x509.Certificate) bool 
 // decide acts on the requests in cs at now, before the schedule advances:
 // it reports whether cs changed. It runs inside the Secret's update, once
 // per attempt; notes start afresh each time.
-func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, error) {
+func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed bool, unsafeWhy string, err error) {
 	if e == nil {
-		return false, nil
+		return false, "", nil
 	}
 	e.mu.Lock()
 	e.notes = e.notes[:0]
 	e.mu.Unlock()
 	if cs.signing == nil {
-		return false, nil // nothing to rotate yet; the schedule makes the first CA
+		return false, "", nil // nothing to rotate yet; the schedule makes the first CA
 	}
-	changed := false
 	if r := cs.ops.rotateRequested; r != "" && r != cs.ops.rotateHandled {
 		if cs.next == nil {
 			if err := e.publish(cs, now); err != nil {
-				return false, err
+				return false, "", err
 			}
 			e.note("", corev1.EventTypeNormal, dynamiccert.ReasonCARotationRequested, fmt.Sprintf("rotation requested at %s: successor CA %q published; it signs once every observer confirms it and its minimum propagation delay has passed", r, cs.next.Cert.Subject.CommonName))
 		} else {
@@ -198,7 +197,7 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 		}
 	}
 	if fp == "" || fp == cs.ops.cHandled {
-		return changed, e.drain(cs, &changed)
+		return changed, "", e.drain(cs, &changed)
 	}
 	isSigning := Fingerprint(cs.signing.Cert) == fp
 	isNext := cs.next != nil && Fingerprint(cs.next.Cert) == fp
@@ -213,7 +212,7 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 				certmetrics.OperatorRequest(e.name, "compromised", "ignored")
 				e.note("", corev1.EventTypeWarning, dynamiccert.ReasonCARequestIgnored, fmt.Sprintf("annotation %s=%q matches no CA in the Secret (signing, successor or ca.crt); ignored", CompromisedCAAnnotation, fp))
 			}
-			return changed, e.drain(cs, &changed)
+			return changed, "", e.drain(cs, &changed)
 		}
 	}
 	first := !e.knows(fp)
@@ -245,20 +244,30 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (bool, err
 	}
 	if cs.next == nil && (isSigning || isNext) {
 		if err := e.publish(cs, now); err != nil {
-			return false, err
+			return false, "", err
 		}
 		cs.ops.successor, changed = Fingerprint(cs.next.Cert), true
 		e.note(emergencyPublished, corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s marked compromised (%s): successor CA %q published; it signs as soon as every observer confirms it",
 			short(fp), cs.ops.reason, cs.next.Cert.Subject.CommonName))
 	}
 	if isSigning && cs.next != nil && obs.all(cs.next.Cert) {
+		// A replica that cannot see its peers confirms on its own
+		// observers alone; an emergency does not wait for the view to
+		// come back (the compromised CA must stop signing), so the
+		// promotion is counted unsafe: the peers' consumers may not have
+		// the successor yet.
+		if obs.blind != nil {
+			if why := obs.blind(); why != "" {
+				unsafeWhy = fmt.Sprintf("emergency successor CA %q signs unconfirmed by the other replicas: %s", cs.next.Cert.Subject.CommonName, why)
+			}
+		}
 		old := cs.signing.Cert
 		cs.signing, cs.next, changed = cs.next, nil, true
 		cs.signingSince = time.Time{} // no delay in an emergency (keepOldLeaf)
 		e.note(emergencySigning, corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("successor CA %q signs in place of compromised CA %q; every replica re-issues its leaf",
 			cs.signing.Cert.Subject.CommonName, old.Subject.CommonName))
 	}
-	return changed, e.drain(cs, &changed)
+	return changed, unsafeWhy, e.drain(cs, &changed)
 }
 
 // drain removes from ca.crt every CA known to be compromised that neither

@@ -78,6 +78,11 @@ type issuer struct {
 	// leafIssued is when leaf was issued, on cfg.clock: MinReissueInterval
 	// runs from it.
 	leafIssued time.Time
+	// leafCatchUpUntil: the leaf's CA reached this process's bundle
+	// late (it was paused or cut off while the other replicas published
+	// or promoted it), so its pod's consumers may lack it until then
+	// (RotationStatus.CatchingUp). Zero when they had it.
+	leafCatchUpUntil time.Time
 }
 
 // issuerConfig is the completed configuration an issuer runs on.
@@ -284,6 +289,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		in.obs = observation{all: i.observed, local: i.locallyObserved}
 		if i.replicas != nil {
 			in.consumersMayLack = i.replicas.consumersMayLack
+			in.obs.blind = i.replicas.blind
 		}
 		return m.step(in)
 	})
@@ -381,6 +387,10 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 		}
 		i.leaf, i.alts, i.leafPair, i.leafCA, changed = issued[0], issued[1:], issued[0].KeyPair(), st.signing.Cert.Raw, true
 		i.leafIssued = now
+		i.leafCatchUpUntil = time.Time{}
+		if !st.signingSince.IsZero() {
+			i.leafCatchUpUntil = st.signingSince.Add(i.sched.propagation)
+		}
 		// The alternatives are reported by the sni controller, which parses
 		// them: whoever parses a certificate reports it (internal/certreport).
 		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))

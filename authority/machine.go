@@ -220,9 +220,12 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		res.unsafe, res.unsafeWhy = true, why
 	}
 	res.restored = m.restore(st, in.last, in.exists, now)
-	acted, err := m.emerg.decide(st, now, in.obs)
+	acted, unsafeWhy, err := m.emerg.decide(st, now, in.obs)
 	if err != nil {
 		return res, err
+	}
+	if unsafeWhy != "" {
+		res.unsafe, res.unsafeWhy = true, unsafeWhy
 	}
 	changed, unsafe, err := m.sched.advance(st, now, in.obs)
 	if err != nil {

@@ -530,6 +530,18 @@ func (r *replicaSet) leaseFailed(verb string, err error) {
 // forbiddenLease says which request on this replica's own Lease RBAC
 // forbade last, naming the Lease and the verb; "" when none did since the
 // last write that succeeded.
+// blind says why this process cannot see the other replicas' announcements,
+// or "": their Leases cannot be listed (RBAC), so it never learnt who they
+// are or what they trust (see observation.blind).
+func (r *replicaSet) blind() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.listForbidden {
+		return "the replicas' Leases cannot be listed (RBAC forbids list on leases.coordination.k8s.io)"
+	}
+	return ""
+}
+
 func (r *replicaSet) forbiddenLease() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

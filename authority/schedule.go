@@ -175,6 +175,10 @@ type observation struct {
 	// local: this process's own observers confirmed it; enough to call a
 	// promotion forced by the signing CA's end safe.
 	local func(*x509.Certificate) bool
+	// blind, when set, says why all cannot see the other replicas (their
+	// Leases cannot be listed): all then confirms on this process's own
+	// observers alone. Nil or "" when it can.
+	blind func() string
 }
 
 // promotable reports whether the successor may sign: its minimum delay has

@@ -1391,14 +1391,15 @@ func (w *simWorld) rvOf(s *corev1.Secret) int64 {
 // live reports whether p is a live replica as its peers count them: running,
 // not paused, with a Lease renewed within its duration, announcing a leaf
 // of a CA that is still in the Secret (peers believe no other: a replica
-// back from a long pause with a leaf of a CA drained meanwhile is not
-// waited for until it re-issues).
+// without a leaf signs no announcement, and one back from a long pause
+// with a leaf of a CA drained meanwhile is not waited for until it
+// re-issues).
 func (w *simWorld) live(p *simProc) bool {
 	if p == nil || !w.alive(p) || w.paused(p) || !p.checked {
 		return false
 	}
-	if w.parsedCAs != nil && p.leafCA != "" && !w.parsedCAs[p.leafCA] {
-		return false
+	if p.leafSN == "" || w.parsedCAs != nil && !w.parsedCAs[p.leafCA] {
+		return false // without a leaf its announcement is unsigned
 	}
 	l := w.leases[p.a.replicas.leaseName]
 	return l != nil && l.Spec.RenewTime != nil && w.now.Add(p.slot.offset).Before(l.Spec.RenewTime.Add(simLease))

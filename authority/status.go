@@ -152,8 +152,12 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	s.Emergency = i.emerg.status(st)
 	i.mu.RLock()
 	fromSigning := i.leaf != nil && bytes.Equal(i.leafCA, st.signing.Cert.Raw)
+	// The leaf's CA may have stopped signing since (promoted past while
+	// this replica caught up): what counts is when it reached this
+	// replica's bundle.
+	leafLate := i.leaf != nil && now.Before(i.leafCatchUpUntil)
 	i.mu.RUnlock()
-	s.CatchingUp = fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))
+	s.CatchingUp = leafLate || fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
