@@ -289,7 +289,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		in.obs = observation{all: i.observed, local: i.locallyObserved}
 		if i.replicas != nil {
 			in.consumersMayLack = i.replicas.consumersMayLack
-			in.obs.blind = i.replicas.blind
+			in.obs.blind, in.obs.lacking = i.replicas.blind, i.replicas.lacking
 		}
 		return m.step(in)
 	})

@@ -256,14 +256,28 @@ func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string
 // pending returns "replica/<id>" for every live replica whose announcement
 // does not hold ca.
 func (r *replicaSet) pending(ca *x509.Certificate) []string {
+	return r.pendingOf(ca, false)
+}
+
+// lacking reports whether a live replica whose announcement is current
+// (renewed since this process last stopped watching) does not hold ca:
+// its consumers then lack ca for sure.
+func (r *replicaSet) lacking(ca *x509.Certificate) bool {
+	return len(r.pendingOf(ca, true)) > 0
+}
+
+func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 	fp := Fingerprint(ca)
 	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
+	if current && unseen > r.skew {
+		return nil // every announcement is stale until renewed
+	}
 	var out []string
 	for _, l := range r.seen {
-		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) {
+		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) && !(current && l.stale) {
 			out = append(out, "replica/"+l.holder)
 		}
 	}

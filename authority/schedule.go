@@ -114,10 +114,11 @@ func (r rotation) advance(cs *caSet, now time.Time, obs observation) (changed, u
 	case cs.signing == nil || !r.valid(cs.signing.Cert, now) || !now.Before(cs.signingEnds()):
 		if cs.next != nil && r.valid(cs.next.Cert, now) {
 			// No choice is left; the question is only whether clients can
-			// have it: its minimum delay passed here and this process's
-			// own observers hold it. Other replicas' announcements are not
-			// asked: after a pause they are stale until renewed.
-			unsafe = now.Before(r.signsNoEarlierThan(cs)) || !obs.local(cs.next.Cert)
+			// have it: its minimum delay passed here, this process's own
+			// observers hold it, and no live replica announces it lacks
+			// it. Stale announcements (after a pause, until renewed) are
+			// not asked.
+			unsafe = now.Before(r.signsNoEarlierThan(cs)) || !obs.local(cs.next.Cert) || obs.lacking != nil && obs.lacking(cs.next.Cert)
 			cs.signing, cs.next, changed = cs.next, nil, true
 		} else {
 			ca, err := r.newCA(now)
@@ -175,6 +176,9 @@ type observation struct {
 	// local: this process's own observers confirmed it; enough to call a
 	// promotion forced by the signing CA's end safe.
 	local func(*x509.Certificate) bool
+	// lacking, when set, reports whether a live replica whose
+	// announcement is current does not hold the CA.
+	lacking func(*x509.Certificate) bool
 	// blind, when set, says why all cannot see the other replicas (their
 	// Leases cannot be listed): all then confirms on this process's own
 	// observers alone. Nil or "" when it can.

@@ -68,6 +68,8 @@ const (
 	simSkew      = 30 * time.Second
 	simAfterCA   = 30 * time.Minute
 	simTargetLag = 5 * time.Second
+	// simWatchLag bounds how late a watch delivers a change.
+	simWatchLag = 1500 * time.Millisecond
 	simNamespace = "sim"
 	simSecret    = "ca"
 )
@@ -900,7 +902,7 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 		if s != nil {
 			snap = s.DeepCopy()
 		}
-		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(1500))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
+		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
 	}
 }
 
@@ -1029,7 +1031,7 @@ func (w *simWorld) setLease(name string, l *coordinationv1.Lease) {
 			snap, gone = old, true
 		}
 		snap = snap.DeepCopy()
-		w.at(w.fifo(p, "lease/"+name, w.now.Add(time.Duration(w.rng.Intn(1500))*time.Millisecond)), func() { w.deliverLease(p, snap, gone) })
+		w.at(w.fifo(p, "lease/"+name, w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverLease(p, snap, gone) })
 	}
 }
 
@@ -1445,6 +1447,11 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 	for _, s := range w.slots {
 		q := s.proc
 		if q == nil || q == p || !w.live(q) {
+			continue
+		}
+		if w.now.Sub(q.liveSince) < simWatchLag {
+			// Live for less than a watch delivery: the signer cannot
+			// have seen it yet.
 			continue
 		}
 		if at, ok := w.publishedAt[ca]; ok && q.liveSince.After(at) {
