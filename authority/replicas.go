@@ -432,6 +432,16 @@ func (r *replicaSet) collect(ctx context.Context) {
 		switch {
 		case err == nil:
 			klog.FromContext(ctx).V(2).Info("Deleted the Lease of a replica that is gone", "provider", r.report.Provider(), "lease", klog.KRef(r.namespace, d.name))
+		case apierrors.IsNotFound(err):
+			// Gone already, perhaps before the watch ever listed it (this
+			// process saw it in its first list): no delete event will
+			// come to forget it by, so forget it here.
+			r.mu.Lock()
+			if l := r.seen[d.name]; l != nil && l.version == d.version {
+				delete(r.seen, d.name)
+				r.forgetAnnouncementLocked(d.name)
+			}
+			r.mu.Unlock()
 		case apierrors.IsForbidden(err):
 			r.mu.Lock()
 			r.collectForbidden = true
@@ -864,17 +874,20 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	observedAt := seenAt
 	if prev == nil && l.Spec.RenewTime != nil {
-		// First sight: when this process only now started watching, a
-		// Lease last renewed long ago would count as live for a whole
-		// duration from now. A replica that left without deleting its
-		// Lease (killed, or its delete failed) would then hold every
-		// rotation for as long as processes start more often than the
-		// duration (a Deployment rolled out every few minutes) and never
-		// age out to be collected. The renewal happened no later than
-		// renewTime plus the skew tolerance on this clock (clocks beyond
-		// the tolerance are judged by clockskew.go); a live replica renews
-		// every third of the duration, so it stays live.
-		observedAt = earliest(seenAt, l.Spec.RenewTime.Add(r.skew))
+		// First sight: a Lease last renewed long ago would count as live
+		// for a whole duration from now, so a replica that left without
+		// deleting its Lease (killed, or its delete failed) would hold
+		// every rotation for as long as processes start more often than
+		// the duration (a Deployment rolled out every few minutes). Its
+		// renewTime says how long it has left, if the clocks agree; if
+		// they do not (this clock far ahead), a live replica renews
+		// within a third of the duration and is seen live again by then.
+		// So it counts for what its renewTime leaves, but for at least
+		// two renewal intervals and the skew tolerance (one missed
+		// renewal is not death).
+		left := l.Spec.RenewTime.Add(r.skew + duration).Sub(seenAt)
+		left = min(duration, max(left, 2*duration/3+r.skew))
+		observedAt = seenAt.Add(left - duration)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation]}
