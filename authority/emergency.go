@@ -192,6 +192,9 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 	// (started since) would otherwise keep it in ca.crt and write it back
 	// after those that know drain it, for as long as both run.
 	for _, c := range cs.bundle {
+		if cs.signing.Cert.Equal(c) || cs.next != nil && cs.next.Cert.Equal(c) {
+			continue // signing, or waiting to: the mark decides (isSigning)
+		}
 		if k := Fingerprint(c); k != fp && e.knows(k) && !slices.Contains(cs.ops.dropped, k) {
 			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), k), true
 		}

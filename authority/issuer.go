@@ -477,6 +477,11 @@ func (i *issuer) nextDeadline() time.Time {
 		// check interval while a successor waits.
 		next = earliest(next, now.Add(i.cfg.checkInterval))
 	}
+	if i.leafCatchUpUntil.After(now) {
+		// Ready again then (RotationStatus.CatchingUp): the status is
+		// computed at a check.
+		next = earliest(next, i.leafCatchUpUntil)
+	}
 	if !next.After(now) {
 		// The check just made did all it could at now (a due leaf that a
 		// CA marked compromised may not sign, see adopt): a deadline that

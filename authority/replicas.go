@@ -551,12 +551,10 @@ func (r *replicaSet) leaseFailed(verb string, err error) {
 	r.mu.Unlock()
 }
 
-// forbiddenLease says which request on this replica's own Lease RBAC
-// forbade last, naming the Lease and the verb; "" when none did since the
-// last write that succeeded.
 // blind says why this process cannot see the other replicas' announcements,
-// or "": their Leases cannot be listed (RBAC), so it never learnt who they
-// are or what they trust (see observation.blind).
+// or "": their Leases could not be listed (RBAC) and none has been seen
+// since, so it does not know who they are or what they trust (see
+// observation.blind).
 func (r *replicaSet) blind() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -566,6 +564,9 @@ func (r *replicaSet) blind() string {
 	return ""
 }
 
+// forbiddenLease says which request on this replica's own Lease RBAC
+// forbade last, naming the Lease and the verb; "" when none did since the
+// last write that succeeded.
 func (r *replicaSet) forbiddenLease() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -826,6 +827,8 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 		// ReplicaID, restarted): the first renewal updates it.
 		r.own = l
 	}
+	// The watch delivers Leases: they can be listed again (RBAC fixed).
+	r.listForbidden = false
 	return r.observeLocked(l, now)
 }
 
@@ -873,21 +876,17 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	delete(r.judgedVersion, l.Name)
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	observedAt := seenAt
-	if prev == nil && l.Spec.RenewTime != nil {
-		// First sight: a Lease last renewed long ago would count as live
-		// for a whole duration from now, so a replica that left without
-		// deleting its Lease (killed, or its delete failed) would hold
-		// every rotation for as long as processes start more often than
-		// the duration (a Deployment rolled out every few minutes). Its
-		// renewTime says how long it has left, if the clocks agree; if
-		// they do not (this clock far ahead), a live replica renews
-		// within a third of the duration and is seen live again by then.
-		// So it counts for what its renewTime leaves, but for at least
-		// two renewal intervals and the skew tolerance (one missed
-		// renewal is not death).
-		left := l.Spec.RenewTime.Add(r.skew + duration).Sub(seenAt)
-		left = min(duration, max(left, 2*duration/3+r.skew))
-		observedAt = seenAt.Add(left - duration)
+	if prev == nil {
+		// First sight: is this replica alive? A Lease left behind by one
+		// that is gone (killed, or its delete failed) would count as live
+		// for a whole duration from now, and hold every rotation for as
+		// long as processes start more often than that (a Deployment
+		// rolled out every few minutes); its renewTime cannot tell, since
+		// this clock may be off by the skew tolerance. A live replica
+		// renews every third of the duration: it is seen again within one
+		// interval, so the first sight counts for two (one missed renewal
+		// is not death), and only a renewal seen counts for a whole one.
+		observedAt = seenAt.Add(-duration / 3)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation]}

@@ -70,7 +70,7 @@ const (
 	simAfterCA   = 30 * time.Minute
 	simTargetLag = 5 * time.Second
 	// simWatchLag bounds how late a watch delivers a change.
-	simWatchLag = 1500 * time.Millisecond
+	simWatchLag  = 1500 * time.Millisecond
 	simNamespace = "sim"
 	simSecret    = "ca"
 )
@@ -200,11 +200,11 @@ func simKinds() []string {
 // other faults, still reach the open gaps (simGaps); make simulate and the
 // mutation test draw every kind.
 var simRoutineKinds = []string{
-	"kill", "stop", "rollout", "pause", "clock", "api", "silent", "compromise", "rotate", "forge",
+	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "compromise", "rotate", "forge",
 }
 
 var simFaultKinds = []string{
-	"kill", "stop", "rollout", "pause", "clock", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown",
+	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown",
 }
 
 // simDraw draws a plan from seed: 1 to 10 replicas (most runs have few, as
@@ -260,6 +260,10 @@ func simDraw(seed int64, kinds []string) simPlan {
 			// clockskew.go decide, which this first simulator leaves to
 			// the attack tests.
 			f.Arg = (time.Duration(rng.Intn(int(simSkew/time.Second))-int(simSkew/time.Second/2)) * time.Second).String()
+		case "drift":
+			// A clock that runs fast or slow, by up to half a second a
+			// minute, until it reaches the same bound as a step.
+			f.Arg = (time.Duration(rng.Intn(1001)-500) * time.Millisecond).String()
 		case "api":
 			f.Dur = time.Duration(1+rng.Intn(900)) * time.Second
 			f.Arg = []string{"secrets:get", "secrets:update", "secrets:*", "leases:*", "*:*"}[rng.Intn(5)] + ":" + []string{"500", "429", "403", "409"}[rng.Intn(4)]
@@ -446,6 +450,8 @@ type simSlot struct {
 	gen       int
 	proc      *simProc
 	offset    time.Duration
+	// drift is how much the clock gains every minute (drift faults).
+	drift time.Duration
 	// file is the pod's bundle file over time (a restart in the same pod
 	// keeps it; a new pod starts a new one).
 	file []simBundle
@@ -629,6 +635,13 @@ func (w *simWorld) start(s *simSlot) {
 	w.queueCheck(p, w.now)
 	w.queueWrite(p, w.now)
 	w.bookmarks(p)
+}
+
+// step moves the slot's clock by d, within half the skew tolerance (beyond
+// it, the majority rules of clockskew.go decide, which the attack tests
+// cover).
+func (s *simSlot) step(d time.Duration) {
+	s.offset = max(-simSkew/2, min(simSkew/2, s.offset+d))
 }
 
 func (p *simProc) setClock(w *simWorld) { p.clk.SetTime(w.now.Add(p.slot.offset)) }
@@ -1224,13 +1237,19 @@ func (w *simWorld) inject(f simFault) {
 		s.pausedUntil = latest(s.pausedUntil, w.now.Add(f.Dur))
 	case "clock":
 		d, _ := time.ParseDuration(f.Arg)
-		s.offset += d
-		if s.offset > simSkew/2 {
-			s.offset = simSkew / 2
+		s.step(d)
+	case "drift":
+		// The slot's clock gains (or loses) d every minute from now on.
+		d, _ := time.ParseDuration(f.Arg)
+		if s.drift == 0 && d != 0 {
+			var tick func()
+			tick = func() {
+				s.step(s.drift)
+				w.at(w.now.Add(time.Minute), tick)
+			}
+			w.at(w.now.Add(time.Minute), tick)
 		}
-		if s.offset < -simSkew/2 {
-			s.offset = -simSkew / 2
-		}
+		s.drift = d
 	case "api":
 		parts := strings.Split(f.Arg, ":")
 		w.apiFaults = append(w.apiFaults, simAPIFault{slot: f.Slot, resource: parts[0], verb: parts[1], code: parts[2], until: w.now.Add(f.Dur)})
