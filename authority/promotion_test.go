@@ -184,14 +184,14 @@ func TestPromotionWithinSecondsOfTheDelay(t *testing.T) {
 	}
 }
 
-// promotionReplicas are the replica counts the promotion tests run: 10
-// replicas only under -authority.long (make soak); the simulator runs up
-// to 10 in make test.
+// promotionReplicas are the replica counts the promotion tests run: 3 and
+// 10 replicas only under -authority.long (make soak); the simulator runs
+// up to 10 in make test.
 func promotionReplicas() []int {
 	if *LongScenarios {
 		return []int{2, 3, 10}
 	}
-	return []int{2, 3}
+	return []int{2}
 }
 
 var (
