@@ -84,6 +84,10 @@ var mutations struct {
 	// compromisedSigns: a CA marked compromised still signs leaves (for a
 	// replica that has none, or whose leaf is due).
 	compromisedSigns bool
+	// serveAtOnce: a replica that was cut off while the others promoted a
+	// CA serves a leaf of it at once and says it is ready (no keepOldLeaf,
+	// no CatchingUp).
+	serveAtOnce bool
 }
 
 // stepInput is what one check read.

@@ -876,17 +876,21 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	delete(r.judgedVersion, l.Name)
 	r.marks[l.Name] = r.marks[l.Name].next(v.leaf, v.renew, v.sig, r.rootsGen)
 	observedAt := seenAt
-	if prev == nil {
-		// First sight: is this replica alive? A Lease left behind by one
-		// that is gone (killed, or its delete failed) would count as live
-		// for a whole duration from now, and hold every rotation for as
-		// long as processes start more often than that (a Deployment
-		// rolled out every few minutes); its renewTime cannot tell, since
-		// this clock may be off by the skew tolerance. A live replica
-		// renews every third of the duration: it is seen again within one
-		// interval, so the first sight counts for two (one missed renewal
-		// is not death), and only a renewal seen counts for a whole one.
-		observedAt = seenAt.Add(-duration / 3)
+	if prev == nil && l.Spec.RenewTime != nil {
+		// First sight: a Lease left behind by a replica that is gone
+		// (killed, or its delete failed) would count as live for a whole
+		// duration from now, and hold every rotation for as long as
+		// processes start more often than that (a Deployment rolled out
+		// every few minutes). Its renewTime says how much of the duration
+		// it has left, as far as the clocks agree (the skew tolerance):
+		// never less than it has (a replica that cannot renew just now is
+		// still waited for as long as its Lease holds), and at least two
+		// renewal intervals and the tolerance, for a clock far ahead,
+		// which sees its live peers renew by then. A large tolerance
+		// leaves little to gain: then the whole duration counts.
+		left := l.Spec.RenewTime.Add(r.skew + duration).Sub(seenAt)
+		left = min(duration, max(left, 2*duration/3+r.skew))
+		observedAt = seenAt.Add(left - duration)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation]}

@@ -296,7 +296,7 @@ func (r rotation) leafDue(leaf *pki.Issued, signedBy []byte, cs *caSet, now time
 // valid, not marked compromised, and the leaf is not due on its own. The
 // simulator found it (issue 28).
 func (r rotation) keepOldLeaf(leaf *pki.Issued, signedBy []byte, cs *caSet, now time.Time) bool {
-	if cs.signingSince.IsZero() || !now.Before(cs.signingSince.Add(r.propagation)) {
+	if cs.signingSince.IsZero() || !now.Before(cs.signingSince.Add(r.propagation)) || mutations.serveAtOnce {
 		return false
 	}
 	if !now.Before(leaf.Cert.NotAfter.Add(-r.leafRenewBefore)) || now.Before(leaf.Cert.NotBefore) {

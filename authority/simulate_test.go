@@ -322,7 +322,8 @@ var simMutations = []struct {
 	{"compromised-signs", "S3", "a replica started mid-emergency signs its first leaf with the compromised CA", false},
 	{"broken-silent", "V1", "field trial 4 §3: a broken Secret goes silent", false},
 	{"pasted-signs", "S2", "field trial 4 §3: a CA pasted into the Secret signs unobserved", false},
-	{"ignore-observers", "S1", "the observer check skipped", false},
+	{"ignore-observers", "S2", "the observer check skipped", false},
+	{"serve-at-once", "S1", "a replica cut off while the others promoted a CA serves it at once to consumers that lack it", false},
 }
 
 // simMutate sets the package's mutations for m (trust-watch-forever is set
@@ -340,9 +341,11 @@ func simMutate(m simMutation) func() {
 		mutations.ignoreObservers = true
 	case "compromised-signs":
 		mutations.compromisedSigns = true
+	case "serve-at-once":
+		mutations.serveAtOnce = true
 	}
 	return func() {
-		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns bool }{}
+		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns, serveAtOnce bool }{}
 	}
 }
 

@@ -157,7 +157,7 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	// replica's bundle.
 	leafLate := i.leaf != nil && now.Before(i.leafCatchUpUntil)
 	i.mu.RUnlock()
-	s.CatchingUp = leafLate || fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))
+	s.CatchingUp = (leafLate || fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))) && !mutations.serveAtOnce
 	certmetrics.PendingObservers(i.cfg.name, pending)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
