@@ -266,6 +266,9 @@ func TestAuthorityRunKickDuringBackoff(t *testing.T) {
 	a := newTestAuthority(t, client, clk, "authority-run-kick")
 
 	runInBackground(t, a.Run)
+	// Another loop (the Secret's watch) may wait on the clock before the
+	// first check has made its GET: wait for that GET, then for the wait.
+	waitFor(t, "the first GET", func() bool { return gets.n.Load() >= 1 })
 	waitBlocked(t, clk)
 	require.EqualValues(t, 1, gets.n.Load())
 	// The first delay is at least 800 ms: 7 steps of 100 ms stay inside it.
