@@ -552,8 +552,8 @@ func (r *replicaSet) leaseFailed(verb string, err error) {
 }
 
 // blind says why this process cannot see the other replicas' announcements,
-// or "": their Leases could not be listed (RBAC) and none has been seen
-// since, so it does not know who they are or what they trust (see
+// or "": their Leases could not be listed (RBAC) and no list has succeeded
+// since, so it does not know who they all are or what they trust (see
 // observation.blind).
 func (r *replicaSet) blind() string {
 	r.mu.Lock()
@@ -697,11 +697,12 @@ func describeLeaseError(err error) error {
 // decides anything on the CA state: until then it knows no peer, and a
 // replica whose clock is off would judge alone (Authority.clockSkew). The
 // watch in run keeps them current afterwards. A list that fails is tried
-// again at the next check, one that RBAC forbids is not; the watch reports
-// both.
+// again at the next check, also one that RBAC forbids: until one succeeds
+// this process is blind (see blind), and a single Lease the watch delivers
+// does not say it knows them all; the watch reports the failures.
 func (r *replicaSet) listOnce(ctx context.Context) {
 	r.mu.Lock()
-	done := r.listed
+	done := r.listed && !r.listForbidden
 	r.mu.Unlock()
 	if done {
 		return
@@ -723,7 +724,7 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 		r.observe(&list.Items[n])
 	}
 	r.mu.Lock()
-	r.listed = true
+	r.listed, r.listForbidden = true, false
 	r.mu.Unlock()
 }
 
@@ -827,8 +828,6 @@ func (r *replicaSet) observe(l *coordinationv1.Lease) bool {
 		// ReplicaID, restarted): the first renewal updates it.
 		r.own = l
 	}
-	// The watch delivers Leases: they can be listed again (RBAC fixed).
-	r.listForbidden = false
 	return r.observeLocked(l, now)
 }
 
