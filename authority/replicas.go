@@ -260,8 +260,10 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 }
 
 // lacking reports whether a live replica whose announcement is current
-// (renewed since this process last stopped watching) does not hold ca:
-// its consumers then lack ca for sure.
+// (renewed since this process last stopped watching) does not hold ca and
+// publishes another bundle than this replica's: its consumers then lack ca
+// for sure. (One publishing the same bundle leaves ca out of what it
+// trusts only while ca's delay runs on its clock.)
 func (r *replicaSet) lacking(ca *x509.Certificate) bool {
 	return len(r.pendingOf(ca, true)) > 0
 }
@@ -277,6 +279,11 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 	}
 	var out []string
 	for _, l := range r.seen {
+		if current && l.bundleHash != "" && l.bundleHash == r.want.bundleHash {
+			// It publishes the bundle this replica does, which holds ca:
+			// its announcement leaves ca out only for the delay's sake.
+			continue
+		}
 		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) && !(current && l.stale) {
 			out = append(out, "replica/"+l.holder)
 		}
