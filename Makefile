@@ -32,7 +32,7 @@ deps:
 ## mutation test-sim must catch) run in make soak instead.
 SIM_COVERED := TestRollingRestartsNeverStallRotation|TestAnnouncementForgerCannotStallPromotion
 test-unit: deps
-	$(GO) test -race -count=1 -timeout 20m -skip '^($(SIM_COVERED))$$' ./...
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/unit.log $(GO) test -race -count=1 -timeout 20m -skip '^($(SIM_COVERED))$$' ./...
 
 ## test-sim: the seeded simulator (authority/simulate_test.go), without
 ## -race: R real Authority replicas (1-10) on simulated clocks and a
@@ -47,7 +47,7 @@ SIM_SEEDS ?= 5000
 SIM_TESTS := TestSimulate TestSimulateFindsMutations TestSimulateFindsOpenGaps
 test-sim:
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -count=1 -v -timeout 30m -run '^($(subst $(eval) ,|,$(SIM_TESTS)))$$' ./authority/ -args -sim.seeds=$(SIM_SEEDS) -sim.mutations > $(CURDIR)/tmp/sim.log 2>&1 || { tail -60 $(CURDIR)/tmp/sim.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/sim.log $(GO) test -count=1 -v -timeout 30m -run '^($(subst $(eval) ,|,$(SIM_TESTS)))$$' ./authority/ -args -sim.seeds=$(SIM_SEEDS) -sim.mutations
 	@for t in $(SIM_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/sim.log || { echo "test-sim: $$t did not pass"; tail -60 $(CURDIR)/tmp/sim.log; exit 1; }; done
 	@grep -E '^(--- |ok )|seeds in|found after|of [0-9]+ seeds|shrunk:|^ {10}[0-9]' $(CURDIR)/tmp/sim.log
 
@@ -68,7 +68,7 @@ simulate:
 ALLOC_TESTS := TestLookupDoesNotAllocate TestDualLookupAllocations
 test-alloc:
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -count=1 -v -run '^($(subst $(eval) ,|,$(ALLOC_TESTS)))$$' ./sni/ > $(CURDIR)/tmp/alloc.log 2>&1 || { cat $(CURDIR)/tmp/alloc.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/alloc.log $(GO) test -count=1 -v -run '^($(subst $(eval) ,|,$(ALLOC_TESTS)))$$' ./sni/
 	@for t in $(ALLOC_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/alloc.log || { echo "test-alloc: $$t did not run"; cat $(CURDIR)/tmp/alloc.log; exit 1; }; done
 	@grep -E '^(--- |    alloc_test)' $(CURDIR)/tmp/alloc.log
 
@@ -80,7 +80,7 @@ test-alloc:
 FIPS_TESTS := TestFIPSBuild TestFIPSSelfSignedDefault TestFIPSDualKeyTypes TestFIPSFilesSNIAndClientCA TestFIPSStartupRefusals TestFIPSRefusalsNeedFIPSMode TestFIPSHelp TestFIPSValidate
 test-fips: deps
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/ > $(CURDIR)/tmp/fips.log 2>&1 || { cat $(CURDIR)/tmp/fips.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/fips.log $(GO) test -tags fips -count=1 -v -timeout 10m ./test/fips/
 	@for t in $(FIPS_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/fips.log || { echo "test-fips: $$t did not run"; cat $(CURDIR)/tmp/fips.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/fips.log
 
@@ -103,7 +103,7 @@ test-alerts: deps
 ## webhook.Server that reads them.
 test-controller-runtime:
 	@mkdir -p $(CURDIR)/tmp
-	cd test/controllerruntime && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/controller-runtime.log 2>&1 || { cat $(CURDIR)/tmp/controller-runtime.log; exit 1; }
+	cd test/controllerruntime && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/controller-runtime.log $(GO) test -race -count=1 -v ./...
 	@grep -E '^--- PASS: TestControllerRuntimeRecipe ' $(CURDIR)/tmp/controller-runtime.log || { echo 'test-controller-runtime: TestControllerRuntimeRecipe did not run'; cat $(CURDIR)/tmp/controller-runtime.log; exit 1; }
 
 ## test-grpc: the README's gRPC recipe with a real grpc-go server and client:
@@ -114,7 +114,7 @@ test-controller-runtime:
 ## grpc-go server and client that read them.
 test-grpc:
 	@mkdir -p $(CURDIR)/tmp
-	cd test/grpc && $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/grpc.log 2>&1 || { cat $(CURDIR)/tmp/grpc.log; exit 1; }
+	cd test/grpc && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/grpc.log $(GO) test -race -count=1 -v ./...
 	@grep -E '^--- PASS: TestGRPCRecipe ' $(CURDIR)/tmp/grpc.log || { echo 'test-grpc: TestGRPCRecipe did not run'; cat $(CURDIR)/tmp/grpc.log; exit 1; }
 
 ## test-hsm: the pkcs11 module (CA keys in a PKCS#11 token) with SoftHSM2
@@ -129,7 +129,7 @@ test-grpc:
 HSM_TESTS := TestAuthorityCAKeyInSoftHSM TestAuthorityCAKeySourceUnavailable TestAuthorityCAKeyRemovedFromToken TestAuthorityHSMStopsAnswering TestAuthorityWithoutCAKeysRefusesKeyRef TestAuthorityMovesPEMKeyIntoSoftHSM TestKeySourceMakesAndFindsKeys TestAuthorityCAKeyInSoftHSMOnRealAPIServer TestREADMEHSMRecipeIsCompiled TestAuthoritySignLeafConcurrentlyWithKeyInSoftHSM TestAuthorityRecoversWhenTokenComesBack TestKeySourceReopenKeepsSignersWorking TestKeySourceFindsKeyMadeByAnotherProcess
 test-hsm: deps kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	cd pkcs11 && CGO_ENABLED=1 EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v ./... > $(CURDIR)/tmp/hsm.log 2>&1 || { cat $(CURDIR)/tmp/hsm.log; exit 1; }
+	cd pkcs11 && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/hsm.log env CGO_ENABLED=1 EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v ./...
 	@for t in $(HSM_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/hsm.log || { echo "test-hsm: $$t did not pass"; cat $(CURDIR)/tmp/hsm.log; exit 1; }; done
 
 ## test-controllerruntime-lib: the controllerruntime module (Add, the one
@@ -143,7 +143,7 @@ test-hsm: deps kube-bin
 CONTROLLERRUNTIME_LIB_TESTS := TestAddWebhookThroughRotationsOnNonLeader TestAddRefusesBadConfig TestAddSourceWithoutTargets TestAddAfterStartIsRefused TestREADMERecipesAreCompiled TestChecksFollowTheServedCertificate TestFailedAddLeavesTheSourceAlone TestSecondAddIsRefused TestAddServesMetricsOnTheManagersEndpoint
 test-controllerruntime-lib: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v . > $(CURDIR)/tmp/controllerruntime-lib.log 2>&1 || { cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }
+	cd controllerruntime && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/controllerruntime-lib.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v .
 	@for t in $(CONTROLLERRUNTIME_LIB_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/controllerruntime-lib.log || { echo "test-controllerruntime-lib: $$t did not pass"; cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }; done
 
 ## test-deploy: the kustomize bases of deploy/kustomize and the container
@@ -163,7 +163,7 @@ test-controllerruntime-lib: kube-bin
 DEPLOY_TESTS := TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	cd test/deploy && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./... > $(CURDIR)/tmp/deploy.log 2>&1 || { cat $(CURDIR)/tmp/deploy.log; exit 1; }
+	cd test/deploy && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/deploy.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./...
 	@for t in $(DEPLOY_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/deploy.log || { echo "test-deploy: $$t did not run"; cat $(CURDIR)/tmp/deploy.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/deploy.log
 
@@ -186,7 +186,7 @@ image:
 MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative
 test-migrate: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	cd test/migrate && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./... > $(CURDIR)/tmp/migrate.log 2>&1 || { cat $(CURDIR)/tmp/migrate.log; exit 1; }
+	cd test/migrate && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/migrate.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./...
 	@for t in $(MIGRATE_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/migrate.log || { echo "test-migrate: $$t did not run"; cat $(CURDIR)/tmp/migrate.log; exit 1; }; done
 	@grep -E '^(--- |    \w+_test.go:[0-9]+: \S+ migration:)' $(CURDIR)/tmp/migrate.log
 
@@ -206,7 +206,7 @@ OPERATOR_TESTS := TestE2EOperatorReplicas TestE2EOperatorSteadyState TestREADMEL
 test-operator-e2e: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd controllerruntime/example/certcontroller && $(GO) build -o /dev/null .
-	cd controllerruntime && EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/ > $(CURDIR)/tmp/operator-e2e.log 2>&1 || { cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }
+	cd controllerruntime && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/operator-e2e.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -tags e2e -count=1 -v -timeout 15m ./e2e/ ./example/operator/
 	@for t in $(OPERATOR_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/operator-e2e.log || { echo "test-operator-e2e: $$t did not run"; cat $(CURDIR)/tmp/operator-e2e.log; exit 1; }; done
 	@grep -E '^--- |lines of certificate wiring|API requests of|CA rotations in|SIGKILLed|restarted and ready' $(CURDIR)/tmp/operator-e2e.log
 
@@ -221,7 +221,7 @@ test-operator-e2e: kube-bin
 CLI_TESTS := TestCLIStatus TestCLIStatusLongSecretName TestCLIRotate TestCLIRotateActedOnByAuthorities TestCLICheck TestCLIStatusRejectsForgedLeases TestCLIRotateReplacesIgnoredMark TestCLIRotateWaitSaysWhatItWaitsFor
 test-cli: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 10m -run '^TestCLI' ./cmd/evercert/ > $(CURDIR)/tmp/cli.log 2>&1 || { cat $(CURDIR)/tmp/cli.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/cli.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -tags e2e -count=1 -v -timeout 10m -run '^TestCLI' ./cmd/evercert/
 	@for t in $(CLI_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/cli.log || { echo "test-cli: $$t did not pass"; cat $(CURDIR)/tmp/cli.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/cli.log
 
@@ -247,16 +247,15 @@ soak:
 # results; on failure it prints the end of the log too.
 soak-run:
 	@mkdir -p $(CURDIR)/tmp
-	@rc=0; $(GO) test $(SOAK_FLAGS) -v -count=1 -timeout 60m -tags soak ./test/soak/... -args $(SOAK_ARGS) > $(CURDIR)/tmp/soak.log 2>&1 || rc=$$?; \
-	grep -E '^(--- |ok |FAIL|PASS)|soak report' $(CURDIR)/tmp/soak.log; \
-	if [ $$rc -ne 0 ]; then tail -100 $(CURDIR)/tmp/soak.log; fi; exit $$rc
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/soak.log $(GO) test $(SOAK_FLAGS) -v -count=1 -timeout 60m -tags soak ./test/soak/... -args $(SOAK_ARGS)
+	@grep -E '^(--- |ok |FAIL|PASS)|soak report' $(CURDIR)/tmp/soak.log
 
 ## test-alloc-server: a TLS connection to the example server allocates no
 ## more than one to a net/http server on a static tls.Config (without -race,
 ## like test-alloc). Fails if the test did not run.
 test-alloc-server:
 	@mkdir -p $(CURDIR)/tmp
-	$(GO) test -count=1 -v -run '^TestPerConnectionAllocationsMatchStatic$$' ./example/server/ > $(CURDIR)/tmp/alloc-server.log 2>&1 || { cat $(CURDIR)/tmp/alloc-server.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/alloc-server.log $(GO) test -count=1 -v -run '^TestPerConnectionAllocationsMatchStatic$$' ./example/server/
 	@grep -E '^--- PASS: TestPerConnectionAllocationsMatchStatic ' $(CURDIR)/tmp/alloc-server.log || { echo 'test-alloc-server: TestPerConnectionAllocationsMatchStatic did not run'; cat $(CURDIR)/tmp/alloc-server.log; exit 1; }
 	@grep -E '^    alloc_test' $(CURDIR)/tmp/alloc-server.log
 

@@ -22,11 +22,11 @@ kube-bin:
 	$(CURDIR)/hack/install-kube.sh
 
 test-e2e: kube-bin
-	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -race -tags e2e -count=1 -timeout 30m -run '^TestE2E' -skip '^TestE2EBudget' ./...
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/e2e.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -race -tags e2e -count=1 -timeout 30m -run '^TestE2E' -skip '^TestE2EBudget' ./...
 
 BUDGET_TESTS := TestE2EBudgetAtRestAndRotation TestE2EBudgetAPF
 test-budget-e2e: kube-bin
 	@mkdir -p $(CURDIR)/tmp
-	EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -tags e2e -count=1 -v -timeout 10m -run '^TestE2EBudget' ./test/e2e/ > $(CURDIR)/tmp/budget-e2e.log 2>&1 || { cat $(CURDIR)/tmp/budget-e2e.log; exit 1; }
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/budget-e2e.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -tags e2e -count=1 -v -timeout 10m -run '^TestE2EBudget' ./test/e2e/
 	@for t in $(BUDGET_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/budget-e2e.log || { echo "test-budget-e2e: $$t did not run"; cat $(CURDIR)/tmp/budget-e2e.log; exit 1; }; done
 	@grep -E '(baseline, the cluster alone|at rest, [0-9]+ replicas over|one CA rotation, |APF: priority level|: promotion past the)|^        (VERB|non-watch total|[A-Z]+ +[a-z/.]+[^ ]* +[0-9]{3} )' $(CURDIR)/tmp/budget-e2e.log
