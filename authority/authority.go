@@ -542,7 +542,14 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			secret, err = secrets.Update(ctx, updated, metav1.UpdateOptions{})
 		}
 		if err != nil {
-			s.reads.failed() // re-read with a GET
+			staleRV := ""
+			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+				staleRV = updated.ResourceVersion
+				if !exists {
+					staleRV = absentRV
+				}
+			}
+			s.reads.failed(staleRV) // re-read with a GET
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			mayReference = false // refused: nothing was written

@@ -28,8 +28,14 @@ import (
 //     API server answers again (issuer.run wakes the Lease writer);
 //   - this replica's Lease writes fail (apiFailing): the same reasoning for
 //     an outage the watches do not notice;
-//   - the last request on the Secret failed, or a write conflicted or found
-//     the Secret already created (the Conflict re-read);
+//   - a write failed, conflicted or found the Secret already created (the
+//     Conflict re-read), and neither a GET succeeded nor the watch
+//     delivered since (after a conflict: delivered another version than
+//     the one the write was refused for). A failed GET does not add to
+//     this: with get forbidden by RBAC while list and watch are allowed, a
+//     GET before the watch synced would otherwise keep every later check on
+//     GETs that fail, and the same deployment would work or not depending
+//     on which came first;
 //   - this replica wrote the Secret and the watch has not delivered that
 //     write yet: deciding on the older content would take the Secret for
 //     rolled back (secretStore.restore). A GET that shows what the cache
@@ -64,8 +70,15 @@ type secretReads struct {
 	maxAge time.Duration
 
 	mu sync.Mutex
-	// mustGet: the next read is a GET (a failed request, a conflict).
-	mustGet bool
+	// mustGet: the next read is a GET (a failed write, a conflict),
+	// until a GET succeeds or the watch delivers after the failure
+	// (src.Deliveries beyond failedAt) a version other than staleRV.
+	mustGet  bool
+	failedAt uint64
+	// staleRV is the resourceVersion a write was refused for (Conflict;
+	// absentRV: a create refused with AlreadyExists): a cache that still
+	// holds it is older than the API server's.
+	staleRV string
 	// awaiting: this replica wrote resourceVersion awaitRV and the watch
 	// has not shown it yet ("" for a client that does not set them: then
 	// any event ends the wait).
@@ -78,6 +91,10 @@ type secretReads struct {
 	// the replica unconfirmed.
 	fresh time.Time
 }
+
+// absentRV stands for "no Secret" in secretReads.staleRV: a create that
+// found the Secret already there was decided on a cache without it.
+const absentRV = "(absent)"
 
 // minSecretCacheAge is the shortest maxAge: twice the kube-apiserver's
 // bookmark frequency (one minute, its watch cache's), so that a healthy
@@ -123,18 +140,23 @@ func (r *secretReads) observed(secret *corev1.Secret) {
 	}
 }
 
-// wrote records a successful write; failed a request that failed or
-// conflicted.
+// wrote records a successful write; failed a write that failed or
+// conflicted: reads GET until a GET succeeds or the watch delivers anew.
+// staleRV is the resourceVersion a refused write was based on (absentRV for
+// a create; "" when the write failed for another reason).
 func (r *secretReads) wrote(secret *corev1.Secret) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.awaiting, r.awaitRV, r.mustGet = true, secret.ResourceVersion, false
+	r.awaiting, r.awaitRV, r.mustGet, r.staleRV = true, secret.ResourceVersion, false, ""
 }
 
-func (r *secretReads) failed() {
+func (r *secretReads) failed(staleRV string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.mustGet = true
+	r.mustGet, r.failedAt = true, r.src.Deliveries()
+	if staleRV != "" {
+		r.staleRV = staleRV
+	}
 }
 
 // read returns the Secret as the API server has it, from the watch's cache
@@ -159,18 +181,21 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 	defer r.mu.Unlock()
 	switch {
 	case err == nil:
-		r.mustGet, r.fresh = false, now
+		r.mustGet, r.staleRV, r.fresh = false, "", now
 		if cached != nil && secret.ResourceVersion != "" && secret.ResourceVersion == cached.ResourceVersion {
 			// The cache holds what the API server has.
 			r.awaiting, r.confirmed = false, now
 		}
 	case apierrors.IsNotFound(err):
-		r.mustGet, r.fresh = false, now
+		r.mustGet, r.staleRV, r.fresh = false, "", now
 		if synced && !inCache {
 			r.confirmed = now
 		}
 	default:
-		r.mustGet = true
+		// A GET that fails changes nothing the cache depends on: the reason
+		// this read was a GET decides the next one. Keeping later reads on
+		// GETs until one succeeds would, with get forbidden and list and
+		// watch allowed, never use the watch again (issue 27 §4).
 		if last := latest(r.fresh, r.src.DeliveredAt()); now.Sub(last) >= r.maxAge && ctx.Err() == nil {
 			err = &unconfirmedReadError{err: err, maxAge: r.maxAge}
 		}
@@ -203,6 +228,12 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 		}
 	}
 	r.mu.Lock()
+	stale := r.staleRV == absentRV && !inCache || r.staleRV != "" && inCache && cached.ResourceVersion == r.staleRV
+	if r.mustGet && r.src.Deliveries() > r.failedAt && !stale {
+		// The watch delivered since the failure, and not the version a
+		// write was refused for.
+		r.mustGet, r.staleRV = false, ""
+	}
 	// The watch (or a GET) showed the cache current within maxAge: an open
 	// watch that delivers nothing must not be trusted for longer.
 	current := now.Sub(latest(r.confirmed, r.src.DeliveredAt())) < r.maxAge

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -281,4 +282,63 @@ func TestSecretCertKeyResyncRereadsWedgedWatch(t *testing.T) {
 	clk.Step(2 * time.Second) // past the first backoff delay (at most 1.2 s)
 	waitFor(t, "the replaced certificate served after Resync with the watch wedged", func() bool { return served().Equal(second.Cert) })
 	require.NoError(t, p.LastError())
+}
+
+// TestGetForbiddenWatchAllowed: RBAC forbids get on the CA Secret but allows
+// list and watch. Whether the first check's GET fails before the watch has
+// listed (get-first: the list fails until then, as it does when the API
+// server is slow to answer it) or in whichever order Run makes them, the
+// replica must end up serving from the watch, with no error and no GET at
+// rest (a kube-apiserver's watch sends bookmarks). A GET that failed once
+// kept every later check on GETs, so the same deployment worked or never
+// worked depending on that order (issue 27 §4).
+func TestGetForbiddenWatchAllowed(t *testing.T) {
+	for _, getFirst := range []bool{true, false} {
+		name := map[bool]string{true: "get-first", false: "any-order"}[getFirst]
+		t.Run(name, func(t *testing.T) {
+			client := fake.NewClientset()
+			optimistic(client)
+			watches := wedgeableSecretWatches(client)
+			var got atomic.Bool
+			gets := interceptSecrets(client, "get", forbidden())
+			client.PrependReactor("get", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+				got.Store(true)
+				return false, nil, nil
+			})
+			if getFirst {
+				// The fake client runs one reactor at a time: fail the
+				// list rather than block it.
+				client.PrependReactor("list", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+					if !got.Load() {
+						return true, nil, apierrors.NewServiceUnavailable("not yet")
+					}
+					return false, nil, nil
+				})
+			}
+			clk := clocktesting.NewFakeClock(testNow)
+			a := newTestAuthority(t, client, clk, "get-forbidden-"+name)
+
+			runInBackground(t, a.Run)
+			waitFor(t, "the replica to serve", func() bool {
+				clk.Step(time.Second)
+				waitBlocked(t, clk)
+				return a.Leaf() != nil
+			})
+			// Until the watch delivers the replica's own write, a check
+			// may still GET (secretReads.awaiting): rest starts after.
+			var atRest int64
+			for i := range 20 {
+				if i == 2 {
+					atRest = gets.n.Load()
+				}
+				watches.bookmark()
+				waitFor(t, "the bookmark", func() bool { return !a.store.src.DeliveredAt().Before(clk.Now()) })
+				clk.Step(30 * time.Second)
+				waitBlocked(t, clk)
+			}
+			assert.NoError(t, a.LastError())
+			assert.Equal(t, atRest, gets.n.Load(), "GETs at rest, while the watch delivers")
+			require.NotNil(t, a.Leaf())
+		})
+	}
 }

@@ -156,16 +156,20 @@ func attemptsWithin(window, step time.Duration, stretch float64) int {
 }
 
 // TestAuthorityRunBacksOffOnAPIErrors runs the Authority against an API
-// server that answers every GET with Forbidden, for ten simulated minutes in
-// one-second steps. Retries must follow the backoff (doubling from 800 ms to
-// 30 s, with jitter), not one per step; the failure, the same at every
-// attempt, is counted once in the load-error metric and logged once, and
-// once more when no read succeeded for secretReadsMaxAge (the watch of the
-// absent Secret delivers nothing): then the replica cannot see the Secret
-// change, a second condition reported once (issue 27).
+// server that answers every GET and list with Forbidden, for ten simulated
+// minutes in one-second steps. Retries must follow the backoff (doubling
+// from 800 ms to 30 s, with jitter), not one per step; the GET's failure,
+// the same at every attempt, is counted once in the load-error metric and
+// logged once, and once more when no read succeeded for secretReadsMaxAge
+// (the watch delivers nothing): then the replica cannot see the Secret
+// change, a second condition reported once (issue 27). The watch's own
+// failure is counted once more.
 func TestAuthorityRunBacksOffOnAPIErrors(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", forbidden())
+	// A list that succeeds would show the Secret absent and let the
+	// replica create it from the watch's cache (TestGetForbiddenWatchAllowed).
+	interceptSecrets(client, "list", forbidden())
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-backoff")
 	logs := klogtest.Capture(t)
@@ -181,7 +185,7 @@ func TestAuthorityRunBacksOffOnAPIErrors(t *testing.T) {
 	most, least := attemptsWithin(window, time.Second, 1), attemptsWithin(window, time.Second, 1+backoff.Jitter)
 	assert.LessOrEqual(t, n, most, "GETs in %v of 1s steps: more than the backoff allows", window)
 	assert.GreaterOrEqual(t, n, least, "GETs in %v: the loop must keep retrying at the cap", window)
-	assert.EqualValues(t, 2, certmetricstest.LoadErrors(t, a.Name())-before, "%d attempts of one failure are one load error, and the stale read one more", n)
+	assert.EqualValues(t, 3, certmetricstest.LoadErrors(t, a.Name())-before, "%d attempts of one failure are one load error, the stale read one more, the watch's failure one more", n)
 	assert.Equal(t, 2, logs.Count("Rejected new content", "reading CA secret ns/ca: forbidden"), "one log line for one distinct error, and one once stale")
 	assert.Equal(t, 1, logs.Count("Rejected new content", "stale watch"), "one log line for the stale read")
 	require.ErrorContains(t, a.LastError(), "reading CA secret ns/ca: forbidden")
@@ -195,6 +199,7 @@ func TestAuthorityRunHonoursRetryAfter(t *testing.T) {
 	const retryAfter = 120
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", apierrors.NewTooManyRequests("slow down", retryAfter))
+	interceptSecrets(client, "list", forbidden()) // GETs are the only read
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-retry-after")
 
@@ -218,6 +223,7 @@ func TestAuthorityRunRecoversAndResetsBackoff(t *testing.T) {
 	client := fake.NewClientset()
 	quietWatch(client)
 	gets := interceptSecrets(client, "get", forbidden())
+	interceptSecrets(client, "list", forbidden()) // GETs are the only read
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-recover")
 
@@ -262,6 +268,7 @@ func TestAuthorityRunRecoversAndResetsBackoff(t *testing.T) {
 func TestAuthorityRunKickDuringBackoff(t *testing.T) {
 	client := fake.NewClientset()
 	gets := interceptSecrets(client, "get", forbidden())
+	interceptSecrets(client, "list", forbidden()) // GETs are the only read
 	clk := clocktesting.NewFakeClock(testNow)
 	a := newTestAuthority(t, client, clk, "authority-run-kick")
 

@@ -86,6 +86,9 @@ type Source struct {
 	// event or bookmark it delivered. An open watch that delivers nothing
 	// (a wedged watch cache, a proxy) leaves it behind.
 	delivered atomic.Int64
+	// deliveries counts those deliveries, so a reader can tell one that
+	// came after a failure of its own even on a clock that did not move.
+	deliveries atomic.Uint64
 	// handled counts the Secrets Process was called with, under mu: a
 	// re-read's answer is loaded only if the watch handled nothing while
 	// the GET was in flight, which would be as new at least.
@@ -141,7 +144,14 @@ func (s *Source) handleLocked(secret *corev1.Secret) error {
 }
 
 // MarkDelivered records that the watch showed its cache current now.
-func (s *Source) MarkDelivered() { s.delivered.Store(s.Config.Clock.Now().UnixNano()) }
+func (s *Source) MarkDelivered() {
+	s.delivered.Store(s.Config.Clock.Now().UnixNano())
+	s.deliveries.Add(1)
+}
+
+// Deliveries counts the times the watch showed its cache current (lists that
+// succeeded, events and bookmarks). Safe for concurrent use.
+func (s *Source) Deliveries() uint64 { return s.deliveries.Load() }
 
 // DeliveredAt returns when the watch last showed its cache current (zero:
 // never).
