@@ -498,6 +498,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		return stepResult{}, fmt.Errorf("CA secret %s: %w", s.src.Key, err)
 	}
 	st.ops = parseOperatorRequests(secret)
+	st.unsafe = parseUnsafeRecord(secret)
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
@@ -712,6 +713,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	}
 	s.Data[dynamiccert.SecretCAKey], _ = st.bundlePEM()
 	writeOperatorHandled(st.ops, s)
+	st.unsafe.write(s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

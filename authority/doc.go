@@ -86,7 +86,10 @@
 // Status().UnsafeRotations and
 // evercert_unsafe_rotations_total{provider}, logged at error level, and sent
 // as a Warning Event (ReasonUnsafeCARotation) when an EventRecorder is
-// configured.
+// configured. An Authority also records it in the CA Secret
+// (UnsafeRotationsAnnotation) with the write that lets the CA sign, so every
+// replica reports it in Status().RecordedUnsafeRotations and
+// evercert_unsafe_rotations_recorded{provider}.
 //
 // Clock skew: replicas and clients may disagree by up to SkewTolerance
 // (default one hour, less for short lifetimes). Certificates are backdated

@@ -239,7 +239,11 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		res.unsafe, res.unsafeWhy = true, fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it",
 			now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
 	}
-	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0
+	// The record goes out with the write that lets the CA sign (or, for a
+	// hand promotion, with the first write after it): whoever reads the
+	// Secret counts it, whether or not this replica lives to.
+	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
+	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded
 	return res, nil
 }
 

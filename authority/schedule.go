@@ -60,6 +60,9 @@ type caSet struct {
 	legacy *pki.Issued
 	// ops are the operator's requests (Authority only; see emergency.go).
 	ops operatorRequests
+	// unsafe is the record of unsafe rotations kept in the Secret
+	// (Authority only; see unsafe_record.go).
+	unsafe unsafeRecord
 }
 
 // signingEnds is when the signing CA stops being able to serve: its

@@ -64,6 +64,12 @@ type RotationStatus struct {
 	// UnsafeRotations counts the rotations since start in which a CA signed
 	// before it was observed, because no observed CA was valid any more.
 	UnsafeRotations int
+	// RecordedUnsafeRotations, for an Authority, is the count of unsafe
+	// rotations recorded in the CA Secret (UnsafeRotationsAnnotation) by
+	// whichever replica made them, this one or another, running or not;
+	// LastUnsafeRotation describes the last ("" when none).
+	RecordedUnsafeRotations int
+	LastUnsafeRotation      string
 	// LastError is the last check's error, nil after a success.
 	LastError error
 	// ClockSkew, for an Authority replica, says why its clock disagrees
@@ -159,6 +165,10 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	i.mu.RUnlock()
 	s.CatchingUp = (leafLate || fromSigning && !st.signingSince.IsZero() && now.Before(st.signingSince.Add(i.sched.propagation))) && !mutations.serveAtOnce
 	certmetrics.PendingObservers(i.cfg.name, pending)
+	s.RecordedUnsafeRotations, s.LastUnsafeRotation = st.unsafe.count, st.unsafe.last
+	// 0 for a SelfSigned, which has no Secret: the series exists for every
+	// provider that can rotate unsafely, as unsafe_rotations_total does.
+	certmetrics.RecordedUnsafeRotations(i.cfg.name, st.unsafe.count)
 	i.mu.Lock()
 	s.UnsafeRotations = i.unsafe
 	i.status = s

@@ -64,6 +64,13 @@ var (
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"provider"})
 
+	recordedUnsafeRotations = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      namespace,
+		Name:           "unsafe_rotations_recorded",
+		Help:           "Number of unsafe rotations recorded in an Authority's CA Secret (annotation evercert.io/unsafe-rotations) by whichever replica made them, as this replica last read it: it survives the replica that made one, which unsafe_rotations_total does not.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
 	pendingObservers = metrics.NewGaugeVec(&metrics.GaugeOpts{
 		Namespace:      namespace,
 		Name:           "ca_rotation_pending_observers",
@@ -149,6 +156,13 @@ func UnsafeRotation(provider string) {
 	unsafeRotations.WithLabelValues(provider).Inc()
 }
 
+// RecordedUnsafeRotations sets the count of unsafe rotations recorded in
+// provider's CA Secret, as last read.
+func RecordedUnsafeRotations(provider string, n int) {
+	Register()
+	recordedUnsafeRotations.WithLabelValues(provider).Set(float64(n))
+}
+
 // PendingObservers records how many observers have not yet confirmed
 // provider's published successor CA (0 when none is waiting). It also makes
 // evercert_unsafe_rotations_total exist at 0, so alerts on increase() work
@@ -175,7 +189,7 @@ func ClockSkew(provider string, started bool) {
 
 // all lists every evercert collector.
 func all() []metrics.Registerable {
-	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, pendingObservers, clockSkew,
+	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, recordedUnsafeRotations, pendingObservers, clockSkew,
 		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified,
 		emergencySteps, operatorRequests, compromisedTrusted, replicaAnnouncementsRejected, replicaLeaseWritesForbidden}
 }
