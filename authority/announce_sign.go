@@ -243,7 +243,7 @@ func (r *replicaSet) setRoots(st *caSet) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.rootsKnown && len(roots) == len(r.roots) {
+	if r.rootsKnown && len(roots) == len(r.roots) && slices.Equal(st.replicaNames, r.otherNames) {
 		same := true
 		for n := range roots {
 			same = same && roots[n].Equal(r.roots[n])
@@ -253,6 +253,7 @@ func (r *replicaSet) setRoots(st *caSet) {
 		}
 	}
 	r.roots, r.rootsKnown = roots, true
+	r.otherNames = slices.Clone(st.replicaNames)
 	r.rootsGen++
 	for name, h := range r.held {
 		delete(r.held, name)
@@ -308,7 +309,7 @@ func (r *replicaSet) judgeLocked(l *coordinationv1.Lease) verdict {
 	if !r.rootsKnown {
 		return verdict{rejected: &rejection{hold: true}}
 	}
-	if rej := checkAnnouncedLeaf(leaf, r.names, r.roots); rej != nil {
+	if rej := checkAnnouncedLeaf(leaf, r.names, r.otherNames, r.roots); rej != nil {
 		return verdict{rejected: rej}
 	}
 	return verdict{leaf: leaf, renew: renew, sig: sig}
@@ -347,13 +348,16 @@ func checkSignedAnnouncement(l *coordinationv1.Lease) (*x509.Certificate, []byte
 // checkAnnouncedLeaf checks that leaf is one the Authority issued to a
 // replica: for its names (leafNames; "" checks none) and signed by one of
 // roots, the CAs of the Secret.
-func checkAnnouncedLeaf(leaf *x509.Certificate, names string, roots []*x509.Certificate) *rejection {
-	// A leaf for this Authority's own names: the Authority's CA also signs
-	// leaves for others (podcert's PodCertificateRequests, SignLeaf), and
-	// their holders must not confirm anything for its replicas.
-	if names != "" && leafNames(leaf.DNSNames, leaf.IPAddresses) != names {
-		return &rejection{reason: certmetrics.AnnouncementForged,
-			err: fmt.Errorf("the announced leaf (serial %s) is for %s, not for this Authority's names %s", serial(leaf), leafNames(leaf.DNSNames, leaf.IPAddresses), names)}
+func checkAnnouncedLeaf(leaf *x509.Certificate, names string, others []string, roots []*x509.Certificate) *rejection {
+	// A leaf for this Authority's own names, or for names the Secret lists
+	// as its replicas' (ReplicaNamesAnnotation: another Authority on the
+	// same Secret, a rollout that changes Hosts): the Authority's CA also
+	// signs leaves for others (podcert's PodCertificateRequests, SignLeaf),
+	// and their holders must not confirm anything for its replicas. Held,
+	// so that a list that grows judges it again.
+	if got := leafNames(leaf.DNSNames, leaf.IPAddresses); names != "" && got != names && !slices.Contains(others, got) {
+		return &rejection{reason: certmetrics.AnnouncementForged, hold: true,
+			err: fmt.Errorf("the announced leaf (serial %s) is for %s, neither this Authority's names %s nor names the CA Secret lists (%s)", serial(leaf), got, names, ReplicaNamesAnnotation)}
 	}
 	// Chains to a CA in the Secret, by signature only: validity periods are
 	// not checked here (clock skew is judged elsewhere, from believed
@@ -390,7 +394,8 @@ func (e *AnnouncementError) Unwrap() error { return e.Err }
 // over everything it announces; the leaf serial annotation is that
 // leaf's; the leaf is signed by one of cas, the CAs the CA Secret holds
 // (tls.crt, next.crt and ca.crt); and, when hosts is not empty (the
-// Authority's Config.Hosts), the leaf is for exactly those names,
+// Authority's Config.Hosts), the leaf is for exactly those names or for
+// names in listed (ReplicaNames of the CA Secret: the other replicas'),
 // since the Authority's CA also signs leaves for others (podcert,
 // SignLeaf) whose holders could otherwise announce. An announcement that
 // fails is an *AnnouncementError.
@@ -398,7 +403,7 @@ func (e *AnnouncementError) Unwrap() error { return e.Err }
 // What one read cannot check is replay: a replica also refuses an
 // announcement older than the last one it believed for the same Lease,
 // which takes the history a running replica keeps.
-func VerifyAnnouncement(l *coordinationv1.Lease, cas []*x509.Certificate, hosts []string) (*x509.Certificate, error) {
+func VerifyAnnouncement(l *coordinationv1.Lease, cas []*x509.Certificate, hosts, listed []string) (*x509.Certificate, error) {
 	leaf, _, rej := checkSignedAnnouncement(l)
 	if rej == nil {
 		names := ""
@@ -414,7 +419,7 @@ func VerifyAnnouncement(l *coordinationv1.Lease, cas []*x509.Certificate, hosts 
 			}
 			names = leafNames(dnsNames, ips)
 		}
-		rej = checkAnnouncedLeaf(leaf, names, cas)
+		rej = checkAnnouncedLeaf(leaf, names, listed, cas)
 	}
 	if rej != nil {
 		return nil, &AnnouncementError{Reason: rej.reason, Err: rej.err}

@@ -102,6 +102,17 @@ func (o *gateObserver) openUp() {
 }
 
 func newSignWorld(t *testing.T, n int) *signWorld {
+	hosts := make([][]string, n)
+	for r := range hosts {
+		hosts[r] = []string{"localhost"}
+	}
+	return newSignWorldHosts(t, hosts)
+}
+
+// newSignWorldHosts is newSignWorld with replica r issuing its leaves for
+// hosts[r].
+func newSignWorldHosts(t *testing.T, hosts [][]string) *signWorld {
+	n := len(hosts)
 	client := fake.NewClientset()
 	optimistic(client)
 	w := &signWorld{promotionWorld: &promotionWorld{t: t, client: client, clk: clocktesting.NewFakeClock(testNow)}}
@@ -109,7 +120,7 @@ func newSignWorld(t *testing.T, n int) *signWorld {
 		gate := &gateObserver{open: true}
 		a, err := New(Config{
 			Name: fmt.Sprintf("%s-r%d", t.Name(), r), Namespace: "ns", SecretName: "ca", Client: client,
-			ReplicaID: fmt.Sprintf("r%d", r), Hosts: []string{"localhost"}, Lifetime: time.Hour,
+			ReplicaID: fmt.Sprintf("r%d", r), Hosts: hosts[r], Lifetime: time.Hour,
 			PropagationDelay: 10 * time.Second, Observers: []Observer{gate}, Clock: w.clk,
 		})
 		require.NoError(t, err)
@@ -451,38 +462,38 @@ func TestVerifyAnnouncement(t *testing.T) {
 		return ae.Reason
 	}
 
-	got, err := VerifyAnnouncement(announce("ca-r0", leaf), cas, nil)
+	got, err := VerifyAnnouncement(announce("ca-r0", leaf), cas, nil, nil)
 	require.NoError(t, err)
 	require.True(t, got.Equal(leaf.Cert), "the announced leaf")
-	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"localhost", "127.0.0.1", "svc.ns.svc"})
+	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"localhost", "127.0.0.1", "svc.ns.svc"}, nil)
 	require.NoError(t, err, "the Authority's hosts, in any order and case")
 
 	moved := announce("ca-r0", leaf)
 	moved.Name = "ca-r9"
-	_, err = VerifyAnnouncement(moved, cas, nil)
+	_, err = VerifyAnnouncement(moved, cas, nil, nil)
 	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "copied into another Lease")
 	require.ErrorContains(t, err, "signature does not verify")
 
 	edited := announce("ca-r0", leaf)
 	edited.Annotations[TrustedCAsAnnotation] += ",0000"
-	_, err = VerifyAnnouncement(edited, cas, nil)
+	_, err = VerifyAnnouncement(edited, cas, nil, nil)
 	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "edited after signing")
 
-	_, err = VerifyAnnouncement(announce("ca-r0", foreignLeaf(t, now)), cas, nil)
+	_, err = VerifyAnnouncement(announce("ca-r0", foreignLeaf(t, now)), cas, nil, nil)
 	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "a leaf of another CA")
 	require.ErrorContains(t, err, "does not chain to a CA in the CA Secret")
 
-	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"other.ns.svc"})
+	_, err = VerifyAnnouncement(announce("ca-r0", leaf), cas, []string{"other.ns.svc"}, nil)
 	require.Equal(t, certmetrics.AnnouncementForged, reason(err), "a leaf of the CA for other names")
-	require.ErrorContains(t, err, "not for this Authority's names")
+	require.ErrorContains(t, err, "neither this Authority's names")
 
 	unsigned := announce("ca-r0", leaf)
 	delete(unsigned.Annotations, SignatureAnnotation)
-	_, err = VerifyAnnouncement(unsigned, cas, nil)
+	_, err = VerifyAnnouncement(unsigned, cas, nil, nil)
 	require.Equal(t, certmetrics.AnnouncementUnsigned, reason(err))
 
 	garbled := announce("ca-r0", leaf)
 	garbled.Annotations[SignatureAnnotation] = "not base64!"
-	_, err = VerifyAnnouncement(garbled, cas, nil)
+	_, err = VerifyAnnouncement(garbled, cas, nil, nil)
 	require.Equal(t, certmetrics.AnnouncementGarbled, reason(err))
 }

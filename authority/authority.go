@@ -313,6 +313,7 @@ func New(cfg Config) (*Authority, error) {
 		a.replicas = newReplicaSet(cfg.Client, cfg.Namespace, cfg.SecretName, cfg.ReplicaID, cfg.Name, cfg.LeaseDuration, cfg.SkewTolerance, cfg.Clock)
 		store.reads.apiFailing = a.replicas.writeFailing.Load
 		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
+		store.ownNames = a.replicas.names
 	}
 	src.Process = func(secret *corev1.Secret) error {
 		store.reads.observed(secret)
@@ -424,6 +425,9 @@ type secretStore struct {
 	waiting   errlog.Once  // logs the wait for a pre-created Secret once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
+	// ownNames is this replica's leaf names, added to the Secret's
+	// ReplicaNamesAnnotation when missing ("" without announcements).
+	ownNames string
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
@@ -499,6 +503,8 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
+	st.replicaNames = parseReplicaNames(secret)
+	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames)
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
@@ -520,7 +526,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
 	st = res.state
-	if res.write {
+	if res.write || namesAdded {
 		asRead := secret
 		// The Update carries the resourceVersion read above: a Secret
 		// written meanwhile (another replica, or the other tool still
@@ -714,6 +720,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	s.Data[dynamiccert.SecretCAKey], _ = st.bundlePEM()
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
+	writeReplicaNames(st.replicaNames, s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -211,7 +211,10 @@ type replicaSet struct {
 	// rejection once per Lease and reason.
 	// names is leafNames of this Authority's leaves: an announced leaf for
 	// other names is not believed (set by New; "" checks none).
-	names         string
+	names string
+	// otherNames are the leaf names the Secret lists for its replicas
+	// (ReplicaNamesAnnotation), as last read with roots.
+	otherNames    []string
 	roots         []*x509.Certificate
 	rootsKnown    bool
 	rootsGen      uint64

@@ -63,6 +63,9 @@ type caSet struct {
 	// unsafe is the record of unsafe rotations kept in the Secret
 	// (Authority only; see unsafe_record.go).
 	unsafe unsafeRecord
+	// replicaNames are the leaf names the replicas sharing the Secret
+	// announce (Authority only; see replica_names.go).
+	replicaNames []string
 }
 
 // signingEnds is when the signing CA stops being able to serve: its

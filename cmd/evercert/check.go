@@ -133,7 +133,7 @@ func runCheck(prog string, args []string, stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--authority: reading the CA Secret %s/%s: %w", k.namespace, authority, err)
 		}
-		replicas, err := k.replicas(ctx, authority, now, secretCAs(secret), nil)
+		replicas, err := k.replicas(ctx, authority, now, secretCAs(secret), nil, nil)
 		if err != nil {
 			return err
 		}

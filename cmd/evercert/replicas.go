@@ -58,8 +58,9 @@ func (r replica) believed() bool { return r.Live && r.Verified }
 
 // replicas lists the Leases of the Authority whose CA Secret is secret, by
 // Lease name, each verified against cas (the CAs the Secret holds) and,
-// when hosts is not empty, the Authority's names.
-func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas []*x509.Certificate, hosts []string) ([]replica, error) {
+// when hosts is not empty, the Authority's names or those listed in the
+// Secret (authority.ReplicaNames).
+func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas []*x509.Certificate, hosts, listed []string) ([]replica, error) {
 	selector := authority.LeaseSelector(secret)
 	leases, err := k.client.CoordinationV1().Leases(k.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
@@ -88,7 +89,7 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 		// The Authority's own check, so that this tool believes exactly
 		// the announcements the replicas believe of each other (replay
 		// aside: that takes the history a running replica keeps).
-		if _, err := authority.VerifyAnnouncement(&l, cas, hosts); err != nil {
+		if _, err := authority.VerifyAnnouncement(&l, cas, hosts, listed); err != nil {
 			rej := &rejectionInfo{Reason: "forged", Message: err.Error()}
 			var ae *authority.AnnouncementError
 			if errors.As(err, &ae) {

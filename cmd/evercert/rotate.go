@@ -275,7 +275,7 @@ func (k *kube) waitingFor(ctx context.Context, w waitTarget, s *corev1.Secret, n
 // signed. With no live replica it asks whether an Authority runs at all.
 func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, now time.Time) string {
 	cas := secretCAs(s)
-	replicas, err := k.replicas(ctx, w.name, now, cas, nil)
+	replicas, err := k.replicas(ctx, w.name, now, cas, nil, nil)
 	if err != nil {
 		return fmt.Sprintf("the replicas are unknown: %v", err)
 	}

@@ -149,7 +149,7 @@ func (k *kube) status(ctx context.Context, name string, targets []target, hosts 
 	}
 	rep.Requests = operatorRequests(secret.Annotations)
 
-	if rep.Replicas, err = k.replicas(ctx, name, now, cas, hosts); err != nil {
+	if rep.Replicas, err = k.replicas(ctx, name, now, cas, hosts, authority.ReplicaNames(secret)); err != nil {
 		return nil, err
 	}
 	names := map[string][]string{} // the believed replicas by the names of their leaves

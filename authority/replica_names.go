@@ -1,0 +1,68 @@
+package authority
+
+import (
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// ReplicaNamesAnnotation lists, one per line, the names (Config.Hosts, in
+// the canonical form "[dns names] [ip addresses]") that the replicas
+// sharing this CA Secret issue their serving leaves for. A replica believes
+// an announced leaf only for its own names or for names listed here: the
+// CA also signs leaves for others (podcert, SignLeaf) whose holders must not
+// confirm anything for the replicas, and writing this list takes write
+// access to the Secret, which already is the CA. Each replica adds its own
+// names when they are missing, so two Authorities on one Secret with
+// different Hosts, or a rollout that changes them, wait for each other
+// instead of rejecting each other's announcements as forged (and promoting
+// a CA the other's clients may lack). The list keeps the newest
+// maxReplicaNameSets.
+const ReplicaNamesAnnotation = "evercert.io/replica-leaf-names"
+
+// maxReplicaNameSets bounds ReplicaNamesAnnotation: a rollout that changes
+// Hosts needs two sets; the oldest beyond the bound are dropped (a replica
+// that still runs with them adds them back at its next check).
+const maxReplicaNameSets = 8
+
+// ReplicaNames returns the leaf names s lists for its replicas
+// (ReplicaNamesAnnotation), for VerifyAnnouncement.
+func ReplicaNames(s *corev1.Secret) []string { return parseReplicaNames(s) }
+
+func parseReplicaNames(s *corev1.Secret) []string {
+	v := s.Annotations[ReplicaNamesAnnotation]
+	if v == "" {
+		return nil
+	}
+	var sets []string
+	for _, line := range strings.Split(v, "\n") {
+		if line = strings.TrimSpace(line); line != "" && !slices.Contains(sets, line) {
+			sets = append(sets, line)
+		}
+	}
+	return sets
+}
+
+// addReplicaNames adds own to sets, newest last, and reports whether sets
+// changed.
+func addReplicaNames(sets *[]string, own string) bool {
+	if own == "" || slices.Contains(*sets, own) {
+		return false
+	}
+	*sets = append(*sets, own)
+	if n := len(*sets); n > maxReplicaNameSets {
+		*sets = (*sets)[n-maxReplicaNameSets:]
+	}
+	return true
+}
+
+func writeReplicaNames(sets []string, s *corev1.Secret) {
+	if len(sets) == 0 {
+		return
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[ReplicaNamesAnnotation] = strings.Join(sets, "\n")
+}
