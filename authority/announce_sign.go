@@ -328,7 +328,7 @@ func checkSignedAnnouncement(l *coordinationv1.Lease) (*x509.Certificate, []byte
 	if err != nil || len(sig) == 0 {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s is not base64", SignatureAnnotation)}
 	}
-	leaf := parseAnnouncedLeaf(l.Annotations[LeafAnnotation])
+	leaf := costly.parseLeaf(l.Annotations[LeafAnnotation])
 	if leaf == nil {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: fmt.Errorf("annotation %s holds no certificate", LeafAnnotation)}
 	}

@@ -2,13 +2,15 @@ package authority
 
 import (
 	"crypto"
-	"crypto/sha256"
+	"crypto/ecdsa"
+	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/binary"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -21,7 +23,7 @@ import (
 // instead of on repeated ECDSA. A memoized result is the result of a real
 // call on the same bytes; nothing the rotation decides can differ.
 func init() {
-	parseCA, parseBundle, parseCert, signedBy, verify, sign := costly.parseCA, costly.parseBundle, costly.parseCert, costly.signedBy, costly.verify, costly.sign
+	parseCA, parseBundle, parseCert, parseLeaf, signedBy, verify, sign, issueLeaf := costly.parseCA, costly.parseBundle, costly.parseCert, costly.parseLeaf, costly.signedBy, costly.verify, costly.sign, costly.issueLeaf
 	type issued struct {
 		v   *pki.Issued
 		err error
@@ -53,13 +55,34 @@ func init() {
 		r := certs.get(func() cert { v, err := parseCert(der); return cert{v, err} }, der)
 		return r.v, r.err
 	}
+	leaves := newSimMemo[*x509.Certificate]()
+	costly.parseLeaf = func(s string) *x509.Certificate {
+		// The bytes of s, read only: a key is copied when stored.
+		b := unsafe.Slice(unsafe.StringData(s), len(s))
+		return leaves.get(func() *x509.Certificate { return parseLeaf(s) }, b)
+	}
 	signatures := newSimMemo[bool]()
 	costly.signedBy = func(c, ca *x509.Certificate) bool {
 		return signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
 	}
+	// A leaf its CA signs verifies with the CA's key:
+	// x509.CreateCertificate checks that the key it signs with is the
+	// parent's public key and verifies the signature it made over the
+	// leaf's TBSCertificate before it returns. CheckSignatureFrom checks
+	// that same signature with the parent's key (without SHA-1), after
+	// checking that the parent may sign certificates (caMaySign): where
+	// both hold, its answer is known to be true without verifying again.
+	costly.issueLeaf = func(ca *pki.Issued, r pki.Request) (*pki.Issued, error) {
+		leaf, err := issueLeaf(ca, r)
+		if err == nil && caMaySign(ca.Cert) && !sha1Signed(leaf.Cert.SignatureAlgorithm) {
+			signatures.put(true, leaf.Cert.Raw, ca.Cert.Raw)
+		}
+		return leaf, err
+	}
 	verified := newSimMemo[error]()
+	ders := newSimKeyDER()
 	costly.verify = func(pub crypto.PublicKey, msg, sig []byte) error {
-		der, err := x509.MarshalPKIXPublicKey(pub)
+		der, err := ders.get(pub)
 		if err != nil {
 			return verify(pub, msg, sig)
 		}
@@ -72,7 +95,7 @@ func init() {
 		if err := sign(l, key); err != nil {
 			return err
 		}
-		der, err := x509.MarshalPKIXPublicKey(key.Public())
+		der, err := ders.get(key.Public())
 		sig, err2 := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
 		if err == nil && err2 == nil {
 			verified.put(nil, der, announcementMessage(l), sig)
@@ -81,52 +104,126 @@ func init() {
 	}
 }
 
-// simMemo maps a hash of its inputs to a result, safe for concurrent use.
-// It forgets everything when it holds simMemoMax results: seeds share
-// little, so a bound keeps a run of a million seeds flat in memory.
-type simMemo[V any] struct {
-	mu sync.Mutex
-	m  map[[sha256.Size]byte]V
+// caMaySign is the check x509.Certificate.CheckSignatureFrom makes of the
+// parent before it verifies the signature (crypto/x509, Go 1.26).
+func caMaySign(ca *x509.Certificate) bool {
+	if ca.Version == 3 && !ca.BasicConstraintsValid || ca.BasicConstraintsValid && !ca.IsCA {
+		return false
+	}
+	if ca.KeyUsage != 0 && ca.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return false
+	}
+	return ca.PublicKeyAlgorithm != x509.UnknownPublicKeyAlgorithm
 }
 
-const simMemoMax = 1 << 15
+// sha1Signed: CheckSignatureFrom refuses SHA-1 signatures, which
+// CreateCertificate's own check accepts.
+func sha1Signed(a x509.SignatureAlgorithm) bool {
+	return a == x509.SHA1WithRSA || a == x509.ECDSAWithSHA1 || a == x509.DSAWithSHA1
+}
+
+// simKeyDER caches the PKIX encoding of public keys by identity: the memo
+// of announcement signatures is keyed by the signer's public key, and a
+// replica's key and a parsed leaf's key (parseCert is memoized, so a leaf
+// is one certificate) are the same pointer every time, while encoding one
+// costs as much as a map of every result. Keys are immutable; the map
+// holds them, so a pointer is never reused for another key while cached.
+type simKeyDER struct {
+	mu sync.Mutex
+	m  map[crypto.PublicKey][]byte
+}
+
+func newSimKeyDER() *simKeyDER { return &simKeyDER{m: map[crypto.PublicKey][]byte{}} }
+
+func (c *simKeyDER) get(pub crypto.PublicKey) ([]byte, error) {
+	switch pub.(type) {
+	case *ecdsa.PublicKey, *rsa.PublicKey:
+	default: // not a pointer (ed25519.PublicKey is a slice): no identity
+		return x509.MarshalPKIXPublicKey(pub)
+	}
+	c.mu.Lock()
+	der, ok := c.m[pub]
+	c.mu.Unlock()
+	if ok {
+		return der, nil
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.m) >= simMemoMax {
+		clear(c.m)
+	}
+	c.m[pub] = der
+	c.mu.Unlock()
+	return der, nil
+}
+
+// simMemo maps its inputs to a result, safe for concurrent use. The key is
+// the inputs themselves, each prefixed with its length, rather than a
+// digest of them: a map compares its keys in full, so no two inputs can
+// share a result, and hashing a key costs less than a SHA-256 of it. It
+// forgets everything when its keys hold simMemoBytes: seeds share little,
+// so a bound keeps a run of a million seeds flat in memory. A result
+// forgotten is computed again, for real, to the same value.
+type simMemo[V any] struct {
+	mu    sync.Mutex
+	m     map[string]V
+	bytes int
+}
+
+const (
+	simMemoBytes = 16 << 20
+	// simMemoMax bounds the entries of the memos not keyed by bytes.
+	simMemoMax = 1 << 15
+)
 
 func newSimMemo[V any]() *simMemo[V] {
-	return &simMemo[V]{m: map[[sha256.Size]byte]V{}}
+	return &simMemo[V]{m: map[string]V{}}
 }
 
 func (m *simMemo[V]) get(compute func() V, parts ...[]byte) V {
-	k := simMemoKey(parts)
+	var buf [2048]byte
+	k := simMemoKey(buf[:0], parts)
 	m.mu.Lock()
-	v, ok := m.m[k]
+	v, ok := m.m[string(k)]
 	m.mu.Unlock()
 	if ok {
 		return v
 	}
 	v = compute()
-	m.put(v, parts...)
+	m.putKey(v, k)
 	return v
 }
 
 func (m *simMemo[V]) put(v V, parts ...[]byte) {
-	k := simMemoKey(parts)
+	var buf [2048]byte
+	m.putKey(v, simMemoKey(buf[:0], parts))
+}
+
+func (m *simMemo[V]) putKey(v V, k []byte) {
 	m.mu.Lock()
-	if len(m.m) >= simMemoMax {
-		clear(m.m)
+	if _, ok := m.m[string(k)]; !ok {
+		if m.bytes+len(k) > simMemoBytes {
+			clear(m.m)
+			m.bytes = 0
+		}
+		m.bytes += len(k)
 	}
-	m.m[k] = v
+	m.m[string(k)] = v
 	m.mu.Unlock()
 }
 
-func simMemoKey(parts [][]byte) [sha256.Size]byte {
-	h := sha256.New()
-	var n [8]byte
-	for _, p := range parts {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		h.Write(p)
+// simMemoKey appends the key of parts to b. Every call of one memo passes
+// the same number of parts, so one part is its own key.
+func simMemoKey(b []byte, parts [][]byte) []byte {
+	if len(parts) == 1 {
+		return parts[0]
 	}
-	var k [sha256.Size]byte
-	h.Sum(k[:0])
-	return k
+	for _, p := range parts {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	return b
 }

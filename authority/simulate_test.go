@@ -28,12 +28,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apiruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -422,6 +424,13 @@ type simWorld struct {
 	// parsedCAs: the fingerprints of the Secret's ca.crt; nil when it
 	// does not parse.
 	parsedCAs map[string]bool
+	// parsedSignFP is parsedSign's fingerprint ("" without one), and
+	// parsedObj the Secret object parsed: the Secret is replaced, never
+	// changed in place (setSecret), and every object has its own
+	// resourceVersion, so the same object is the same resourceVersion and
+	// parse need not read it again.
+	parsedSignFP string
+	parsedObj    *corev1.Secret
 	// gaps are the open gaps (simGaps) this run reached; gapCAs the CAs
 	// whose handshake failures they explain.
 	gaps   map[string]bool
@@ -504,6 +513,9 @@ type simProc struct {
 	knownRV    string
 	divergedAt time.Time
 	dead       bool
+	// readiness is RotationCheck(a), made once: ready probes it after
+	// every event.
+	readiness healthz.HealthChecker
 }
 
 func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
@@ -620,6 +632,7 @@ func (w *simWorld) start(s *simSlot) {
 		panic(err)
 	}
 	p.a = a
+	p.readiness = RotationCheck(a)
 	if w.mutation == "trust-watch-forever" {
 		a.store.reads.maxAge = 1 << 62
 	}
@@ -1380,21 +1393,25 @@ func (w *simWorld) foreignCA() simCA {
 // parse reads the Secret's signing CA and successor (ground truth).
 func (w *simWorld) parse() {
 	if w.secret == nil {
-		w.parsedRV, w.parsedSign, w.parsedNext, w.parsedCAs = -1, nil, nil, nil
+		w.parsedRV, w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs, w.parsedObj = -1, nil, "", nil, nil, nil
 		return
 	}
+	if w.secret == w.parsedObj {
+		return // checked after every event: the Secret mostly stays the same
+	}
+	w.parsedObj = w.secret
 	if w.parsedRV == w.rvOf(w.secret) {
 		return
 	}
 	w.parsedRV = w.rvOf(w.secret)
-	w.parsedSign, w.parsedNext, w.parsedCAs = nil, nil, nil
+	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs = nil, "", nil, nil
 	if st, err := parseAuthoritySecret(w.secret); err == nil {
 		w.parsedCAs = map[string]bool{}
 		for _, c := range st.bundle {
 			w.parsedCAs[Fingerprint(c)] = true
 		}
 		if st.signing != nil {
-			w.parsedSign = st.signing.Cert
+			w.parsedSign, w.parsedSignFP = st.signing.Cert, Fingerprint(st.signing.Cert)
 		}
 		if st.next != nil {
 			w.parsedNext = st.next.Cert
@@ -1438,7 +1455,7 @@ func (w *simWorld) ready(p *simProc) bool {
 		return false // resumed, and its overdue timer has not fired yet
 	}
 	p.setClock(w) // a probe comes now, not at the process's last act
-	return RotationCheck(p.a).Check(nil) == nil
+	return p.readiness.Check(nil) == nil
 }
 
 // checkIssued is S2 and S3 at the moment p issued a leaf signed by ca. S2
@@ -1494,7 +1511,7 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 func (w *simWorld) checkInvariants() {
 	w.parse()
 	if w.parsedSign != nil {
-		if fp := Fingerprint(w.parsedSign); fp != w.lastSigning {
+		if fp := w.parsedSignFP; fp != w.lastSigning {
 			if w.lastSigning != "" && len(w.target) > 0 && !w.livePublisher() {
 				// Promoted while no replica that publishes the caBundle
 				// was live: see gapPublisherDown.
@@ -1515,6 +1532,7 @@ func (w *simWorld) checkInvariants() {
 			clients = append(clients, client{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
 		}
 	}
+	maxLag := w.plan.cfg().PropagationDelay - simSkew
 	anyReady, anyAlive := false, false
 	for _, s := range w.slots {
 		p := s.proc
@@ -1582,21 +1600,20 @@ func (w *simWorld) checkInvariants() {
 				return
 			}
 		}
-		for _, o := range w.slots {
-			// Up to the delay less the skew tolerance: each replica counts
-			// the delay on its own clock, and a clock that steps forward
-			// within the tolerance while it runs shortens it by as much.
-			maxLag := w.plan.cfg().PropagationDelay - simSkew
-			for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
-				if t := trustAt(o.file, w.now, lag); t != nil && !t[ca] && o == s {
-					if p.samePod && !p.ownLease {
-						// Known and open: see gapSamePodRestart.
-						w.gaps[gapSamePodRestart] = true
-						continue
-					}
-					w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", o.idx, lag, short(ca), s.idx)
-					return
+		// The clients of s's own bundle file (a replica's consumers read
+		// its pod's file). Up to the delay less the skew tolerance: each
+		// replica counts the delay on its own clock, and a clock that
+		// steps forward within the tolerance while it runs shortens it by
+		// as much.
+		for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
+			if t := trustAt(s.file, w.now, lag); t != nil && !t[ca] {
+				if p.samePod && !p.ownLease {
+					// Known and open: see gapSamePodRestart.
+					w.gaps[gapSamePodRestart] = true
+					continue
 				}
+				w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", s.idx, lag, short(ca), s.idx)
+				return
 			}
 		}
 	}
@@ -1848,6 +1865,9 @@ func simQuietLogs(t *testing.T) {
 		}
 	}
 	klog.SetOutput(io.Discard)
+	// A logger that discards: with klog's own, every message is
+	// formatted before it is thrown away.
+	klog.SetLoggerWithOptions(logr.Discard(), klog.ContextualLogger(true))
 	t.Cleanup(state.Restore)
 }
 
