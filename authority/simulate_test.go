@@ -842,6 +842,8 @@ func (w *simWorld) kicked(p *simProc) {
 
 // ---- the API server ---------------------------------------------------
 
+// serve answers one request. The action is the fake's copy of the
+// caller's (Fake.Invokes copies it), so its object is the simulator's to keep.
 func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.Object, error) {
 	res, verb := a.GetResource().Resource, a.GetVerb()
 	gr := schema.GroupResource{Group: a.GetResource().Group, Resource: res}
@@ -891,7 +893,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		if w.secret != nil {
 			return true, nil, apierrors.NewAlreadyExists(gr, simSecret)
 		}
-		s := a.GetObject().(*corev1.Secret).DeepCopy()
+		s := a.GetObject().(*corev1.Secret)
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
 		if w.first != "" {
@@ -906,7 +908,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		}
 		return true, s.DeepCopy(), nil
 	case "update":
-		s := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret).DeepCopy()
+		s := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret)
 		if w.secret == nil {
 			return true, nil, apierrors.NewNotFound(gr, simSecret)
 		}
@@ -1010,7 +1012,7 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 		}
 		return true, nil, apierrors.NewNotFound(gr, name)
 	case "create":
-		l := a.(clienttesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l := a.(clienttesting.CreateAction).GetObject().(*coordinationv1.Lease)
 		if w.leases[l.Name] != nil {
 			return true, nil, apierrors.NewAlreadyExists(gr, l.Name)
 		}
@@ -1018,7 +1020,7 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 		w.setLease(l.Name, l)
 		return true, l.DeepCopy(), nil
 	case "update":
-		l := a.(clienttesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l := a.(clienttesting.UpdateAction).GetObject().(*coordinationv1.Lease)
 		old := w.leases[l.Name]
 		if old == nil {
 			return true, nil, apierrors.NewNotFound(gr, l.Name)
