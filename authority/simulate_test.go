@@ -1097,14 +1097,23 @@ func (o simObserver) Observed(ca *x509.Certificate) bool {
 	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
 }
 
-var simParsed sync.Map // bundle PEM -> map[string]bool
+// simParsed maps a bundle's PEM to its fingerprints. A map under a lock
+// rather than a sync.Map: looking up m[string(b)] copies nothing, and
+// bundles are looked up after every check of every replica.
+var simParsed = struct {
+	sync.RWMutex
+	m map[string]map[string]bool
+}{m: map[string]map[string]bool{}}
 
 // simNotAfter records every CA's NotAfter the simulator parsed.
 var simNotAfter sync.Map // fingerprint -> time.Time
 
 func simFingerprints(bundle []byte) map[string]bool {
-	if v, ok := simParsed.Load(string(bundle)); ok {
-		return v.(map[string]bool)
+	simParsed.RLock()
+	v, ok := simParsed.m[string(bundle)]
+	simParsed.RUnlock()
+	if ok {
+		return v
 	}
 	fps := map[string]bool{}
 	rest := bundle
@@ -1119,7 +1128,9 @@ func simFingerprints(bundle []byte) map[string]bool {
 			simNotAfter.Store(Fingerprint(c), c.NotAfter)
 		}
 	}
-	simParsed.Store(string(bundle), fps)
+	simParsed.Lock()
+	simParsed.m[string(bundle)] = fps
+	simParsed.Unlock()
 	return fps
 }
 
