@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
@@ -62,8 +63,19 @@ func init() {
 		return leaves.get(func() *x509.Certificate { return parseLeaf(s) }, b)
 	}
 	signatures := newSimMemo[bool]()
+	// Before the memo of their bytes, the same two certificates by
+	// identity: a peer's leaf comes from the memo of announced leaves and
+	// the CAs from that of bundles, so they are the same pointers at every
+	// renewal, and a certificate is never changed once parsed.
+	signedPairs := newSimPtrMemo[[2]*x509.Certificate, bool]()
 	costly.signedBy = func(c, ca *x509.Certificate) bool {
-		return signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
+		k := [2]*x509.Certificate{c, ca}
+		if v, ok := signedPairs.get(k); ok {
+			return v
+		}
+		v := signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
+		signedPairs.put(k, v)
+		return v
 	}
 	// A leaf its CA signs verifies with the CA's key:
 	// x509.CreateCertificate checks that the key it signs with is the
@@ -81,12 +93,22 @@ func init() {
 	}
 	verified := newSimMemo[error]()
 	ders := newSimKeyDER()
+	// Before the memo of the key's encoding, the message and the
+	// signature: the signature alone (short) finds what was verified with
+	// it, which holds when the key is the same one (the same leaf, parsed
+	// once) and the message the same bytes.
+	bySig := &simSigMemo{m: map[string]simVerification{}}
 	costly.verify = func(pub crypto.PublicKey, msg, sig []byte) error {
 		der, err := ders.get(pub)
 		if err != nil {
 			return verify(pub, msg, sig)
 		}
-		return verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
+		if err, ok := bySig.get(pub, msg, sig); ok {
+			return err
+		}
+		err = verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
+		bySig.put(pub, msg, sig, err)
+		return err
 	}
 	// A replica's own announcement verifies with its key: that is what a
 	// signature is. Forged, replayed and garbled ones are made by other
@@ -136,9 +158,7 @@ type simKeyDER struct {
 func newSimKeyDER() *simKeyDER { return &simKeyDER{m: map[crypto.PublicKey][]byte{}} }
 
 func (c *simKeyDER) get(pub crypto.PublicKey) ([]byte, error) {
-	switch pub.(type) {
-	case *ecdsa.PublicKey, *rsa.PublicKey:
-	default: // not a pointer (ed25519.PublicKey is a slice): no identity
+	if !simKeyHasIdentity(pub) { // ed25519.PublicKey is a slice
 		return x509.MarshalPKIXPublicKey(pub)
 	}
 	c.mu.Lock()
@@ -158,6 +178,82 @@ func (c *simKeyDER) get(pub crypto.PublicKey) ([]byte, error) {
 	c.m[pub] = der
 	c.mu.Unlock()
 	return der, nil
+}
+
+// simPtrMemo is a bounded map safe for concurrent use, for the memos keyed
+// by identity (see simKeyDER): it holds its keys, so a pointer is never
+// reused for another value while it is cached.
+type simPtrMemo[K comparable, V any] struct {
+	mu sync.Mutex
+	m  map[K]V
+}
+
+func newSimPtrMemo[K comparable, V any]() *simPtrMemo[K, V] {
+	return &simPtrMemo[K, V]{m: map[K]V{}}
+}
+
+func (m *simPtrMemo[K, V]) get(k K) (V, bool) {
+	m.mu.Lock()
+	v, ok := m.m[k]
+	m.mu.Unlock()
+	return v, ok
+}
+
+func (m *simPtrMemo[K, V]) put(k K, v V) {
+	m.mu.Lock()
+	if len(m.m) >= simMemoMax {
+		clear(m.m)
+	}
+	m.m[k] = v
+	m.mu.Unlock()
+}
+
+// simSigMemo maps a signature to the key (by identity) and message it was
+// verified with, and the answer.
+type simSigMemo struct {
+	mu sync.Mutex
+	m  map[string]simVerification
+}
+
+type simVerification struct {
+	pub crypto.PublicKey
+	msg []byte
+	err error
+}
+
+func (m *simSigMemo) get(pub crypto.PublicKey, msg, sig []byte) (error, bool) {
+	if !simKeyHasIdentity(pub) {
+		return nil, false
+	}
+	m.mu.Lock()
+	v, ok := m.m[string(sig)]
+	m.mu.Unlock()
+	if !ok || v.pub != pub || !bytes.Equal(v.msg, msg) {
+		return nil, false
+	}
+	return v.err, true
+}
+
+// put keeps msg: the caller built it for this call and changes it no more.
+func (m *simSigMemo) put(pub crypto.PublicKey, msg, sig []byte, err error) {
+	if !simKeyHasIdentity(pub) {
+		return
+	}
+	m.mu.Lock()
+	if len(m.m) >= simMemoMax {
+		clear(m.m)
+	}
+	m.m[string(sig)] = simVerification{pub, msg, err}
+	m.mu.Unlock()
+}
+
+// simKeyHasIdentity: the key is a pointer, comparable and never changed.
+func simKeyHasIdentity(pub crypto.PublicKey) bool {
+	switch pub.(type) {
+	case *ecdsa.PublicKey, *rsa.PublicKey:
+		return true
+	}
+	return false
 }
 
 // simMemo maps its inputs to a result, safe for concurrent use. The key is

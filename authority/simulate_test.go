@@ -1545,7 +1545,10 @@ func (w *simWorld) checkInvariants() {
 			clients = append(clients, client{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
 		}
 	}
-	maxLag := w.plan.cfg().PropagationDelay - simSkew
+	// The plan's durations, looked up once per event rather than copying
+	// its Config at each use.
+	delay, renewBefore := w.plan.cfg().PropagationDelay, w.plan.cfg().CARenewBefore
+	maxLag := delay - simSkew
 	anyReady, anyAlive := false, false
 	for _, s := range w.slots {
 		p := s.proc
@@ -1664,9 +1667,9 @@ func (w *simWorld) checkInvariants() {
 		return
 	}
 	if w.parsedSign != nil && w.secret != nil {
-		due := w.parsedSign.NotAfter.Add(-w.plan.cfg().CARenewBefore)
+		due := w.parsedSign.NotAfter.Add(-renewBefore)
 		from := latest(due, w.quietSince)
-		if anyAlive && w.now.Sub(from) >= w.plan.cfg().PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
+		if anyAlive && w.now.Sub(from) >= delay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
 			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
 		}
