@@ -10,8 +10,14 @@ import (
 	"encoding/binary"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"slices"
+	"strings"
 	"sync"
+	"testing"
+	"time"
 	"unsafe"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -322,4 +328,102 @@ func simMemoKey(b []byte, parts [][]byte) []byte {
 		b = append(b, p...)
 	}
 	return b
+}
+
+// TestSimMemosAnswerAsTheRealCalls holds the simulator's memos to their
+// promise: every answer is the one the real call gives on the same input,
+// including the answers known without a call (a leaf its CA just signed, an
+// announcement a replica just signed) and those found by identity, asked
+// again as a peer would.
+func TestSimMemosAnswerAsTheRealCalls(t *testing.T) {
+	now := time.Now()
+	ca, err := pki.NewCA(pki.Request{CommonName: "memo-ca", Now: now, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA(pki.Request{CommonName: "memo-other", Now: now, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := costly.issueLeaf(ca, pki.Request{CommonName: "memo", DNSNames: []string{"memo"}, Now: now, Lifetime: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A peer's copy of the leaf: parsed from its announcement.
+	peerLeaf := costly.parseLeaf(string(leafCertPEM(leaf.Cert)))
+	if peerLeaf == nil || !peerLeaf.Equal(leaf.Cert) {
+		t.Fatalf("the announced leaf parses to %v", peerLeaf)
+	}
+	if got := costly.parseLeaf("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"); got != nil || parseAnnouncedLeaf("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n") != nil {
+		t.Fatalf("a garbled leaf parses to %v", got)
+	}
+	// A leaf as a parent: signed, but not allowed to sign certificates.
+	for _, c := range []*x509.Certificate{leaf.Cert, peerLeaf} {
+		for _, parent := range []*x509.Certificate{ca.Cert, other.Cert, leaf.Cert} {
+			want := c.CheckSignatureFrom(parent) == nil
+			for range 2 { // computed or known, then found again
+				if got := costly.signedBy(c, parent); got != want {
+					t.Errorf("signedBy(%s, %s) = %v, CheckSignatureFrom says %v", c.Subject.CommonName, parent.Subject.CommonName, got, want)
+				}
+			}
+		}
+	}
+
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "memo", Labels: map[string]string{LeaseLabel: "memo"},
+		Annotations: map[string]string{LeafAnnotation: string(leafCertPEM(leaf.Cert)), LeafSerialAnnotation: serial(leaf.Cert)}},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now}}}
+	if err := costly.sign(l, leaf.Key); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := l.DeepCopy()
+	replayed.Spec.RenewTime = &metav1.MicroTime{Time: now.Add(time.Minute)}
+	for _, c := range []struct {
+		name string
+		pub  crypto.PublicKey
+		msg  []byte
+	}{
+		{"own key", leaf.Key.Public(), announcementMessage(l)},
+		{"peer's copy of the key", peerLeaf.PublicKey, announcementMessage(l)},
+		{"another renewal", peerLeaf.PublicKey, announcementMessage(replayed)},
+		{"another key", other.Cert.PublicKey, announcementMessage(l)},
+	} {
+		want := verifyAnnouncementSignature(c.pub, c.msg, sig)
+		for range 2 {
+			if got := costly.verify(c.pub, c.msg, sig); (got == nil) != (want == nil) {
+				t.Errorf("%s: verify = %v, the real call says %v", c.name, got, want)
+			}
+		}
+	}
+}
+
+// TestAnnouncementMessageEncoding pins the signed encoding (each field as
+// its uvarint length and its bytes, in this order): replicas of different
+// versions verify each other's announcements.
+func TestAnnouncementMessageEncoding(t *testing.T) {
+	renew := time.Date(2031, 1, 2, 3, 4, 5, 678901000, time.UTC)
+	full := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease", Labels: map[string]string{LeaseLabel: "label"},
+		Annotations: map[string]string{TrustedCAsAnnotation: "a,b", BundleHashAnnotation: "hash", LeafSerialAnnotation: "1f",
+			LeafAnnotation: strings.Repeat("p", 300), ClocksAheadAnnotation: "r2"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("holder"), LeaseDurationSeconds: ptr.To(int32(360)), RenewTime: &metav1.MicroTime{Time: renew}}}
+	ref := func(fields ...string) []byte {
+		var b []byte
+		for _, f := range fields {
+			b = binary.AppendUvarint(b, uint64(len(f)))
+			b = append(b, f...)
+		}
+		return b
+	}
+	want := ref(announcementVersion, "ns", "lease", "label", "holder", "360", "2031-01-02T03:04:05.678901Z", "a,b", "hash", "1f", strings.Repeat("p", 300), "r2")
+	if got := announcementMessage(full); !bytes.Equal(got, want) {
+		t.Errorf("announcementMessage(full) = %q, want %q", got, want)
+	}
+	bare := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease"}}
+	want = ref(announcementVersion, "ns", "lease", "", "", "", "", "", "", "", "", "")
+	if got := announcementMessage(bare); !bytes.Equal(got, want) {
+		t.Errorf("announcementMessage(bare) = %q, want %q", got, want)
+	}
 }
