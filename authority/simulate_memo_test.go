@@ -105,12 +105,12 @@ func init() {
 	// once) and the message the same bytes.
 	bySig := &simSigMemo{m: map[string]simVerification{}}
 	costly.verify = func(pub crypto.PublicKey, msg, sig []byte) error {
+		if err, ok := bySig.get(pub, msg, sig); ok {
+			return err
+		}
 		der, err := ders.get(pub)
 		if err != nil {
 			return verify(pub, msg, sig)
-		}
-		if err, ok := bySig.get(pub, msg, sig); ok {
-			return err
 		}
 		err = verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
 		bySig.put(pub, msg, sig, err)
