@@ -266,8 +266,9 @@ func simKeyHasIdentity(pub crypto.PublicKey) bool {
 // the inputs themselves, each prefixed with its length, rather than a
 // digest of them: a map compares its keys in full, so no two inputs can
 // share a result, and hashing a key costs less than a SHA-256 of it. It
-// forgets everything when its keys hold simMemoBytes: seeds share little,
-// so a bound keeps a run of a million seeds flat in memory. A result
+// forgets everything when its keys hold simMemoBytes or it holds
+// simMemoMax results: seeds share little, so a bound keeps a run of a
+// million seeds flat in memory. A result
 // forgotten is computed again, for real, to the same value.
 type simMemo[V any] struct {
 	mu    sync.Mutex
@@ -276,9 +277,12 @@ type simMemo[V any] struct {
 }
 
 const (
-	simMemoBytes = 16 << 20
-	// simMemoMax bounds the entries of the memos not keyed by bytes.
-	simMemoMax = 1 << 15
+	simMemoBytes = 8 << 20
+	// simMemoMax bounds the entries of every memo: a seed needs a few
+	// hundred at a time (its leaves, renewals and Secrets), and a result
+	// can be large (a parsed certificate), so the bound is a few seeds'
+	// worth per worker.
+	simMemoMax = 1 << 12
 )
 
 func newSimMemo[V any]() *simMemo[V] {
@@ -307,7 +311,7 @@ func (m *simMemo[V]) put(v V, parts ...[]byte) {
 func (m *simMemo[V]) putKey(v V, k []byte) {
 	m.mu.Lock()
 	if _, ok := m.m[string(k)]; !ok {
-		if m.bytes+len(k) > simMemoBytes {
+		if m.bytes+len(k) > simMemoBytes || len(m.m) >= simMemoMax {
 			clear(m.m)
 			m.bytes = 0
 		}
