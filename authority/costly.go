@@ -15,7 +15,8 @@ import (
 // the simulator (simulate_test.go) runs many replicas in one process and
 // memoizes the pure ones by input, so each distinct input is still parsed
 // or verified for real, once, and a signature its replicas make (of an
-// announcement, or of a leaf by its CA) is known to verify. Production code never changes them.
+// announcement, or of a leaf by its CA) is known to verify. Production
+// code never changes them.
 var costly = struct {
 	// parseCA parses a CA certificate and its key (parseCAPair).
 	parseCA func(certPEM, keyPEM []byte) (*pki.Issued, error)
