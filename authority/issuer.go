@@ -68,7 +68,14 @@ type issuer struct {
 	leafCA []byte // raw certificate of the CA that signed leaf and alts
 	bundle []byte
 	pool   *x509.CertPool
-	unsafe int
+	// bundleOf are the CAs bundle and pool were made of: adopt runs at
+	// every check and encodes them again only when they change.
+	bundleOf []*x509.Certificate
+	// leafPEM is leaf's certificate in PEM, for the announcement made at
+	// every check; leafPEMOf the certificate it encodes.
+	leafPEM   []byte
+	leafPEMOf *x509.Certificate
+	unsafe    int
 	// skew, when set, is why this replica's clock is the suspect (see
 	// Authority.clockSkew): it writes nothing and issues no leaf.
 	skew     string
@@ -348,8 +355,14 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 // the schedule says so and issue allows it, the replica announcement and
 // the status.
 func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
-	bundle, pool := st.bundlePEM()
 	i.mu.Lock()
+	// The same CAs make the same bundle: then it is unchanged, and the
+	// one in force stays, as when it is encoded again to the same bytes.
+	bundle, pool := i.bundle, i.pool
+	if bundle == nil || !slices.EqualFunc(st.bundle, i.bundleOf, func(a, b *x509.Certificate) bool { return a == b || bytes.Equal(a.Raw, b.Raw) }) {
+		bundle, pool = st.bundlePEM()
+		i.bundleOf = slices.Clone(st.bundle)
+	}
 	changed := !bytes.Equal(bundle, i.bundle)
 	if changed {
 		i.bundle, i.pool = bundle, pool
@@ -399,7 +412,10 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	var leafPEM []byte
 	var leafKey crypto.Signer
 	if i.leaf != nil { // none yet while the clock is skewed
-		leafSerial, leafPEM, leafKey = serial(i.leaf.Cert), leafCertPEM(i.leaf.Cert), i.leaf.Key
+		if i.leafPEMOf != i.leaf.Cert {
+			i.leafPEM, i.leafPEMOf = leafCertPEM(i.leaf.Cert), i.leaf.Cert
+		}
+		leafSerial, leafPEM, leafKey = serial(i.leaf.Cert), i.leafPEM, i.leaf.Key
 	}
 	i.mu.Unlock()
 

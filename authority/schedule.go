@@ -347,7 +347,7 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 // with the signing CA, for issuedLifetime: as issued, it is never due before
 // MinReissueInterval has passed.
 func (r rotation) issueLeaf(cs *caSet, kt pki.KeyType, commonName string, dnsNames []string, ips []net.IP, lifetime time.Duration, now time.Time) (*pki.Issued, error) {
-	issued, err := pki.IssueLeaf(cs.signing, pki.Request{
+	issued, err := costly.issueLeaf(cs.signing, pki.Request{
 		CommonName: commonName, DNSNames: dnsNames, IPs: ips,
 		KeyType: kt, Now: now, Lifetime: r.issuedLifetime(now, lifetime), Backdate: r.backdate(),
 	})

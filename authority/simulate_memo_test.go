@@ -1,14 +1,23 @@
 package authority
 
 import (
+	"bytes"
 	"crypto"
-	"crypto/sha256"
+	"crypto/ecdsa"
+	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/binary"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"slices"
+	"strings"
 	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -21,7 +30,7 @@ import (
 // instead of on repeated ECDSA. A memoized result is the result of a real
 // call on the same bytes; nothing the rotation decides can differ.
 func init() {
-	parseCA, parseBundle, parseCert, signedBy, verify, sign := costly.parseCA, costly.parseBundle, costly.parseCert, costly.signedBy, costly.verify, costly.sign
+	parseCA, parseBundle, parseCert, parseLeaf, signedBy, verify, sign, issueLeaf := costly.parseCA, costly.parseBundle, costly.parseCert, costly.parseLeaf, costly.signedBy, costly.verify, costly.sign, costly.issueLeaf
 	type issued struct {
 		v   *pki.Issued
 		err error
@@ -53,17 +62,59 @@ func init() {
 		r := certs.get(func() cert { v, err := parseCert(der); return cert{v, err} }, der)
 		return r.v, r.err
 	}
+	leaves := newSimMemo[*x509.Certificate]()
+	costly.parseLeaf = func(s string) *x509.Certificate {
+		// The bytes of s, read only: a key is copied when stored.
+		b := unsafe.Slice(unsafe.StringData(s), len(s))
+		return leaves.get(func() *x509.Certificate { return parseLeaf(s) }, b)
+	}
 	signatures := newSimMemo[bool]()
+	// Before the memo of their bytes, the same two certificates by
+	// identity: a peer's leaf comes from the memo of announced leaves and
+	// the CAs from that of bundles, so they are the same pointers at every
+	// renewal, and a certificate is never changed once parsed.
+	signedPairs := newSimPtrMemo[[2]*x509.Certificate, bool]()
 	costly.signedBy = func(c, ca *x509.Certificate) bool {
-		return signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
+		k := [2]*x509.Certificate{c, ca}
+		if v, ok := signedPairs.get(k); ok {
+			return v
+		}
+		v := signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
+		signedPairs.put(k, v)
+		return v
+	}
+	// A leaf its CA signs verifies with the CA's key:
+	// x509.CreateCertificate checks that the key it signs with is the
+	// parent's public key and verifies the signature it made over the
+	// leaf's TBSCertificate before it returns. CheckSignatureFrom checks
+	// that same signature with the parent's key (without SHA-1), after
+	// checking that the parent may sign certificates (caMaySign): where
+	// both hold, its answer is known to be true without verifying again.
+	costly.issueLeaf = func(ca *pki.Issued, r pki.Request) (*pki.Issued, error) {
+		leaf, err := issueLeaf(ca, r)
+		if err == nil && caMaySign(ca.Cert) && !sha1Signed(leaf.Cert.SignatureAlgorithm) {
+			signatures.put(true, leaf.Cert.Raw, ca.Cert.Raw)
+		}
+		return leaf, err
 	}
 	verified := newSimMemo[error]()
+	ders := newSimKeyDER()
+	// Before the memo of the key's encoding, the message and the
+	// signature: the signature alone (short) finds what was verified with
+	// it, which holds when the key is the same one (the same leaf, parsed
+	// once) and the message the same bytes.
+	bySig := &simSigMemo{m: map[string]simVerification{}}
 	costly.verify = func(pub crypto.PublicKey, msg, sig []byte) error {
-		der, err := x509.MarshalPKIXPublicKey(pub)
+		if err, ok := bySig.get(pub, msg, sig); ok {
+			return err
+		}
+		der, err := ders.get(pub)
 		if err != nil {
 			return verify(pub, msg, sig)
 		}
-		return verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
+		err = verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
+		bySig.put(pub, msg, sig, err)
+		return err
 	}
 	// A replica's own announcement verifies with its key: that is what a
 	// signature is. Forged, replayed and garbled ones are made by other
@@ -72,7 +123,7 @@ func init() {
 		if err := sign(l, key); err != nil {
 			return err
 		}
-		der, err := x509.MarshalPKIXPublicKey(key.Public())
+		der, err := ders.get(key.Public())
 		sig, err2 := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
 		if err == nil && err2 == nil {
 			verified.put(nil, der, announcementMessage(l), sig)
@@ -81,35 +132,80 @@ func init() {
 	}
 }
 
-// simMemo maps a hash of its inputs to a result, safe for concurrent use.
-// It forgets everything when it holds simMemoMax results: seeds share
-// little, so a bound keeps a run of a million seeds flat in memory.
-type simMemo[V any] struct {
+// caMaySign is the check x509.Certificate.CheckSignatureFrom makes of the
+// parent before it verifies the signature (crypto/x509, Go 1.26).
+func caMaySign(ca *x509.Certificate) bool {
+	if ca.Version == 3 && !ca.BasicConstraintsValid || ca.BasicConstraintsValid && !ca.IsCA {
+		return false
+	}
+	if ca.KeyUsage != 0 && ca.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return false
+	}
+	return ca.PublicKeyAlgorithm != x509.UnknownPublicKeyAlgorithm
+}
+
+// sha1Signed: CheckSignatureFrom refuses SHA-1 signatures, which
+// CreateCertificate's own check accepts.
+func sha1Signed(a x509.SignatureAlgorithm) bool {
+	return a == x509.SHA1WithRSA || a == x509.ECDSAWithSHA1 || a == x509.DSAWithSHA1
+}
+
+// simKeyDER caches the PKIX encoding of public keys by identity: the memo
+// of announcement signatures is keyed by the signer's public key, and a
+// replica's key and a parsed leaf's key (parseCert is memoized, so a leaf
+// is one certificate) are the same pointer every time, while encoding one
+// costs as much as a map of every result. Keys are immutable; the map
+// holds them, so a pointer is never reused for another key while cached.
+type simKeyDER struct {
 	mu sync.Mutex
-	m  map[[sha256.Size]byte]V
+	m  map[crypto.PublicKey][]byte
 }
 
-const simMemoMax = 1 << 15
+func newSimKeyDER() *simKeyDER { return &simKeyDER{m: map[crypto.PublicKey][]byte{}} }
 
-func newSimMemo[V any]() *simMemo[V] {
-	return &simMemo[V]{m: map[[sha256.Size]byte]V{}}
+func (c *simKeyDER) get(pub crypto.PublicKey) ([]byte, error) {
+	if !simKeyHasIdentity(pub) { // ed25519.PublicKey is a slice
+		return x509.MarshalPKIXPublicKey(pub)
+	}
+	c.mu.Lock()
+	der, ok := c.m[pub]
+	c.mu.Unlock()
+	if ok {
+		return der, nil
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.m) >= simMemoMax {
+		clear(c.m)
+	}
+	c.m[pub] = der
+	c.mu.Unlock()
+	return der, nil
 }
 
-func (m *simMemo[V]) get(compute func() V, parts ...[]byte) V {
-	k := simMemoKey(parts)
+// simPtrMemo is a bounded map safe for concurrent use, for the memos keyed
+// by identity (see simKeyDER): it holds its keys, so a pointer is never
+// reused for another value while it is cached.
+type simPtrMemo[K comparable, V any] struct {
+	mu sync.Mutex
+	m  map[K]V
+}
+
+func newSimPtrMemo[K comparable, V any]() *simPtrMemo[K, V] {
+	return &simPtrMemo[K, V]{m: map[K]V{}}
+}
+
+func (m *simPtrMemo[K, V]) get(k K) (V, bool) {
 	m.mu.Lock()
 	v, ok := m.m[k]
 	m.mu.Unlock()
-	if ok {
-		return v
-	}
-	v = compute()
-	m.put(v, parts...)
-	return v
+	return v, ok
 }
 
-func (m *simMemo[V]) put(v V, parts ...[]byte) {
-	k := simMemoKey(parts)
+func (m *simPtrMemo[K, V]) put(k K, v V) {
 	m.mu.Lock()
 	if len(m.m) >= simMemoMax {
 		clear(m.m)
@@ -118,15 +214,220 @@ func (m *simMemo[V]) put(v V, parts ...[]byte) {
 	m.mu.Unlock()
 }
 
-func simMemoKey(parts [][]byte) [sha256.Size]byte {
-	h := sha256.New()
-	var n [8]byte
-	for _, p := range parts {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		h.Write(p)
+// simSigMemo maps a signature to the key (by identity) and message it was
+// verified with, and the answer.
+type simSigMemo struct {
+	mu sync.Mutex
+	m  map[string]simVerification
+}
+
+type simVerification struct {
+	pub crypto.PublicKey
+	msg []byte
+	err error
+}
+
+func (m *simSigMemo) get(pub crypto.PublicKey, msg, sig []byte) (error, bool) {
+	if !simKeyHasIdentity(pub) {
+		return nil, false
 	}
-	var k [sha256.Size]byte
-	h.Sum(k[:0])
-	return k
+	m.mu.Lock()
+	v, ok := m.m[string(sig)]
+	m.mu.Unlock()
+	if !ok || v.pub != pub || !bytes.Equal(v.msg, msg) {
+		return nil, false
+	}
+	return v.err, true
+}
+
+// put keeps msg: the caller built it for this call and changes it no more.
+func (m *simSigMemo) put(pub crypto.PublicKey, msg, sig []byte, err error) {
+	if !simKeyHasIdentity(pub) {
+		return
+	}
+	m.mu.Lock()
+	if len(m.m) >= simMemoMax {
+		clear(m.m)
+	}
+	m.m[string(sig)] = simVerification{pub, msg, err}
+	m.mu.Unlock()
+}
+
+// simKeyHasIdentity: the key is a pointer, comparable and never changed.
+func simKeyHasIdentity(pub crypto.PublicKey) bool {
+	switch pub.(type) {
+	case *ecdsa.PublicKey, *rsa.PublicKey:
+		return true
+	}
+	return false
+}
+
+// simMemo maps its inputs to a result, safe for concurrent use. The key is
+// the inputs themselves, each prefixed with its length, rather than a
+// digest of them: a map compares its keys in full, so no two inputs can
+// share a result, and hashing a key costs less than a SHA-256 of it. It
+// forgets everything when its keys hold simMemoBytes or it holds
+// simMemoMax results: seeds share little, so a bound keeps a run of a
+// million seeds flat in memory. A result
+// forgotten is computed again, for real, to the same value.
+type simMemo[V any] struct {
+	mu    sync.Mutex
+	m     map[string]V
+	bytes int
+}
+
+const (
+	simMemoBytes = 8 << 20
+	// simMemoMax bounds the entries of every memo: a seed needs a few
+	// hundred at a time (its leaves, renewals and Secrets), and a result
+	// can be large (a parsed certificate), so the bound is a few seeds'
+	// worth per worker.
+	simMemoMax = 1 << 12
+)
+
+func newSimMemo[V any]() *simMemo[V] {
+	return &simMemo[V]{m: map[string]V{}}
+}
+
+func (m *simMemo[V]) get(compute func() V, parts ...[]byte) V {
+	var buf [2048]byte
+	k := simMemoKey(buf[:0], parts)
+	m.mu.Lock()
+	v, ok := m.m[string(k)]
+	m.mu.Unlock()
+	if ok {
+		return v
+	}
+	v = compute()
+	m.putKey(v, k)
+	return v
+}
+
+func (m *simMemo[V]) put(v V, parts ...[]byte) {
+	var buf [2048]byte
+	m.putKey(v, simMemoKey(buf[:0], parts))
+}
+
+func (m *simMemo[V]) putKey(v V, k []byte) {
+	m.mu.Lock()
+	if _, ok := m.m[string(k)]; !ok {
+		if m.bytes+len(k) > simMemoBytes || len(m.m) >= simMemoMax {
+			clear(m.m)
+			m.bytes = 0
+		}
+		m.bytes += len(k)
+	}
+	m.m[string(k)] = v
+	m.mu.Unlock()
+}
+
+// simMemoKey appends the key of parts to b. Every call of one memo passes
+// the same number of parts, so one part is its own key.
+func simMemoKey(b []byte, parts [][]byte) []byte {
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	for _, p := range parts {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	return b
+}
+
+// TestSimMemosAnswerAsTheRealCalls holds the simulator's memos to their
+// promise: every answer is the one the real call gives on the same input,
+// including the answers known without a call (a leaf its CA just signed, an
+// announcement a replica just signed) and those found by identity, asked
+// again as a peer would.
+func TestSimMemosAnswerAsTheRealCalls(t *testing.T) {
+	now := time.Now()
+	ca, err := pki.NewCA(pki.Request{CommonName: "memo-ca", Now: now, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA(pki.Request{CommonName: "memo-other", Now: now, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := costly.issueLeaf(ca, pki.Request{CommonName: "memo", DNSNames: []string{"memo"}, Now: now, Lifetime: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A peer's copy of the leaf: parsed from its announcement.
+	peerLeaf := costly.parseLeaf(string(leafCertPEM(leaf.Cert)))
+	if peerLeaf == nil || !peerLeaf.Equal(leaf.Cert) {
+		t.Fatalf("the announced leaf parses to %v", peerLeaf)
+	}
+	if got := costly.parseLeaf("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"); got != nil || parseAnnouncedLeaf("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n") != nil {
+		t.Fatalf("a garbled leaf parses to %v", got)
+	}
+	// A leaf as a parent: signed, but not allowed to sign certificates.
+	for _, c := range []*x509.Certificate{leaf.Cert, peerLeaf} {
+		for _, parent := range []*x509.Certificate{ca.Cert, other.Cert, leaf.Cert} {
+			want := c.CheckSignatureFrom(parent) == nil
+			for range 2 { // computed or known, then found again
+				if got := costly.signedBy(c, parent); got != want {
+					t.Errorf("signedBy(%s, %s) = %v, CheckSignatureFrom says %v", c.Subject.CommonName, parent.Subject.CommonName, got, want)
+				}
+			}
+		}
+	}
+
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "memo", Labels: map[string]string{LeaseLabel: "memo"},
+		Annotations: map[string]string{LeafAnnotation: string(leafCertPEM(leaf.Cert)), LeafSerialAnnotation: serial(leaf.Cert)}},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now}}}
+	if err := costly.sign(l, leaf.Key); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := l.DeepCopy()
+	replayed.Spec.RenewTime = &metav1.MicroTime{Time: now.Add(time.Minute)}
+	for _, c := range []struct {
+		name string
+		pub  crypto.PublicKey
+		msg  []byte
+	}{
+		{"own key", leaf.Key.Public(), announcementMessage(l)},
+		{"peer's copy of the key", peerLeaf.PublicKey, announcementMessage(l)},
+		{"another renewal", peerLeaf.PublicKey, announcementMessage(replayed)},
+		{"another key", other.Cert.PublicKey, announcementMessage(l)},
+	} {
+		want := verifyAnnouncementSignature(c.pub, c.msg, sig)
+		for range 2 {
+			if got := costly.verify(c.pub, c.msg, sig); (got == nil) != (want == nil) {
+				t.Errorf("%s: verify = %v, the real call says %v", c.name, got, want)
+			}
+		}
+	}
+}
+
+// TestAnnouncementMessageEncoding pins the signed encoding (each field as
+// its uvarint length and its bytes, in this order): replicas of different
+// versions verify each other's announcements.
+func TestAnnouncementMessageEncoding(t *testing.T) {
+	renew := time.Date(2031, 1, 2, 3, 4, 5, 678901000, time.UTC)
+	full := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease", Labels: map[string]string{LeaseLabel: "label"},
+		Annotations: map[string]string{TrustedCAsAnnotation: "a,b", BundleHashAnnotation: "hash", LeafSerialAnnotation: "1f",
+			LeafAnnotation: strings.Repeat("p", 300), ClocksAheadAnnotation: "r2"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("holder"), LeaseDurationSeconds: ptr.To(int32(360)), RenewTime: &metav1.MicroTime{Time: renew}}}
+	ref := func(fields ...string) []byte {
+		var b []byte
+		for _, f := range fields {
+			b = binary.AppendUvarint(b, uint64(len(f)))
+			b = append(b, f...)
+		}
+		return b
+	}
+	want := ref(announcementVersion, "ns", "lease", "label", "holder", "360", "2031-01-02T03:04:05.678901Z", "a,b", "hash", "1f", strings.Repeat("p", 300), "r2")
+	if got := announcementMessage(full); !bytes.Equal(got, want) {
+		t.Errorf("announcementMessage(full) = %q, want %q", got, want)
+	}
+	bare := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease"}}
+	want = ref(announcementVersion, "ns", "lease", "", "", "", "", "", "", "", "", "")
+	if got := announcementMessage(bare); !bytes.Equal(got, want) {
+		t.Errorf("announcementMessage(bare) = %q, want %q", got, want)
+	}
 }

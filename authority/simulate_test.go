@@ -28,12 +28,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apiruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -422,6 +424,13 @@ type simWorld struct {
 	// parsedCAs: the fingerprints of the Secret's ca.crt; nil when it
 	// does not parse.
 	parsedCAs map[string]bool
+	// parsedSignFP is parsedSign's fingerprint ("" without one), and
+	// parsedObj the Secret object parsed: the Secret is replaced, never
+	// changed in place (setSecret), and every object has its own
+	// resourceVersion, so the same object is the same resourceVersion and
+	// parse need not read it again.
+	parsedSignFP string
+	parsedObj    *corev1.Secret
 	// gaps are the open gaps (simGaps) this run reached; gapCAs the CAs
 	// whose handshake failures they explain.
 	gaps   map[string]bool
@@ -504,6 +513,9 @@ type simProc struct {
 	knownRV    string
 	divergedAt time.Time
 	dead       bool
+	// readiness is RotationCheck(a), made once: ready probes it after
+	// every event.
+	readiness healthz.HealthChecker
 }
 
 func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
@@ -620,6 +632,7 @@ func (w *simWorld) start(s *simSlot) {
 		panic(err)
 	}
 	p.a = a
+	p.readiness = RotationCheck(a)
 	if w.mutation == "trust-watch-forever" {
 		a.store.reads.maxAge = 1 << 62
 	}
@@ -829,6 +842,8 @@ func (w *simWorld) kicked(p *simProc) {
 
 // ---- the API server ---------------------------------------------------
 
+// serve answers one request. The action is the fake's copy of the
+// caller's (Fake.Invokes copies it), so its object is the simulator's to keep.
 func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.Object, error) {
 	res, verb := a.GetResource().Resource, a.GetVerb()
 	gr := schema.GroupResource{Group: a.GetResource().Group, Resource: res}
@@ -878,7 +893,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		if w.secret != nil {
 			return true, nil, apierrors.NewAlreadyExists(gr, simSecret)
 		}
-		s := a.GetObject().(*corev1.Secret).DeepCopy()
+		s := a.GetObject().(*corev1.Secret)
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
 		if w.first != "" {
@@ -893,7 +908,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		}
 		return true, s.DeepCopy(), nil
 	case "update":
-		s := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret).DeepCopy()
+		s := a.(clienttesting.UpdateAction).GetObject().(*corev1.Secret)
 		if w.secret == nil {
 			return true, nil, apierrors.NewNotFound(gr, simSecret)
 		}
@@ -997,7 +1012,7 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 		}
 		return true, nil, apierrors.NewNotFound(gr, name)
 	case "create":
-		l := a.(clienttesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l := a.(clienttesting.CreateAction).GetObject().(*coordinationv1.Lease)
 		if w.leases[l.Name] != nil {
 			return true, nil, apierrors.NewAlreadyExists(gr, l.Name)
 		}
@@ -1005,7 +1020,7 @@ func (w *simWorld) serveLease(a clienttesting.Action, gr schema.GroupResource) (
 		w.setLease(l.Name, l)
 		return true, l.DeepCopy(), nil
 	case "update":
-		l := a.(clienttesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		l := a.(clienttesting.UpdateAction).GetObject().(*coordinationv1.Lease)
 		old := w.leases[l.Name]
 		if old == nil {
 			return true, nil, apierrors.NewNotFound(gr, l.Name)
@@ -1082,14 +1097,23 @@ func (o simObserver) Observed(ca *x509.Certificate) bool {
 	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
 }
 
-var simParsed sync.Map // bundle PEM -> map[string]bool
+// simParsed maps a bundle's PEM to its fingerprints. A map under a lock
+// rather than a sync.Map: looking up m[string(b)] copies nothing, and
+// bundles are looked up after every check of every replica.
+var simParsed = struct {
+	sync.RWMutex
+	m map[string]map[string]bool
+}{m: map[string]map[string]bool{}}
 
 // simNotAfter records every CA's NotAfter the simulator parsed.
 var simNotAfter sync.Map // fingerprint -> time.Time
 
 func simFingerprints(bundle []byte) map[string]bool {
-	if v, ok := simParsed.Load(string(bundle)); ok {
-		return v.(map[string]bool)
+	simParsed.RLock()
+	v, ok := simParsed.m[string(bundle)]
+	simParsed.RUnlock()
+	if ok {
+		return v
 	}
 	fps := map[string]bool{}
 	rest := bundle
@@ -1104,7 +1128,9 @@ func simFingerprints(bundle []byte) map[string]bool {
 			simNotAfter.Store(Fingerprint(c), c.NotAfter)
 		}
 	}
-	simParsed.Store(string(bundle), fps)
+	simParsed.Lock()
+	simParsed.m[string(bundle)] = fps
+	simParsed.Unlock()
 	return fps
 }
 
@@ -1380,21 +1406,25 @@ func (w *simWorld) foreignCA() simCA {
 // parse reads the Secret's signing CA and successor (ground truth).
 func (w *simWorld) parse() {
 	if w.secret == nil {
-		w.parsedRV, w.parsedSign, w.parsedNext, w.parsedCAs = -1, nil, nil, nil
+		w.parsedRV, w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs, w.parsedObj = -1, nil, "", nil, nil, nil
 		return
 	}
+	if w.secret == w.parsedObj {
+		return // checked after every event: the Secret mostly stays the same
+	}
+	w.parsedObj = w.secret
 	if w.parsedRV == w.rvOf(w.secret) {
 		return
 	}
 	w.parsedRV = w.rvOf(w.secret)
-	w.parsedSign, w.parsedNext, w.parsedCAs = nil, nil, nil
+	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs = nil, "", nil, nil
 	if st, err := parseAuthoritySecret(w.secret); err == nil {
 		w.parsedCAs = map[string]bool{}
 		for _, c := range st.bundle {
 			w.parsedCAs[Fingerprint(c)] = true
 		}
 		if st.signing != nil {
-			w.parsedSign = st.signing.Cert
+			w.parsedSign, w.parsedSignFP = st.signing.Cert, Fingerprint(st.signing.Cert)
 		}
 		if st.next != nil {
 			w.parsedNext = st.next.Cert
@@ -1438,7 +1468,7 @@ func (w *simWorld) ready(p *simProc) bool {
 		return false // resumed, and its overdue timer has not fired yet
 	}
 	p.setClock(w) // a probe comes now, not at the process's last act
-	return RotationCheck(p.a).Check(nil) == nil
+	return p.readiness.Check(nil) == nil
 }
 
 // checkIssued is S2 and S3 at the moment p issued a leaf signed by ca. S2
@@ -1494,7 +1524,7 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 func (w *simWorld) checkInvariants() {
 	w.parse()
 	if w.parsedSign != nil {
-		if fp := Fingerprint(w.parsedSign); fp != w.lastSigning {
+		if fp := w.parsedSignFP; fp != w.lastSigning {
 			if w.lastSigning != "" && len(w.target) > 0 && !w.livePublisher() {
 				// Promoted while no replica that publishes the caBundle
 				// was live: see gapPublisherDown.
@@ -1515,6 +1545,10 @@ func (w *simWorld) checkInvariants() {
 			clients = append(clients, client{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
 		}
 	}
+	// The plan's durations, looked up once per event rather than copying
+	// its Config at each use.
+	delay, renewBefore := w.plan.cfg().PropagationDelay, w.plan.cfg().CARenewBefore
+	maxLag := delay - simSkew
 	anyReady, anyAlive := false, false
 	for _, s := range w.slots {
 		p := s.proc
@@ -1582,21 +1616,20 @@ func (w *simWorld) checkInvariants() {
 				return
 			}
 		}
-		for _, o := range w.slots {
-			// Up to the delay less the skew tolerance: each replica counts
-			// the delay on its own clock, and a clock that steps forward
-			// within the tolerance while it runs shortens it by as much.
-			maxLag := w.plan.cfg().PropagationDelay - simSkew
-			for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
-				if t := trustAt(o.file, w.now, lag); t != nil && !t[ca] && o == s {
-					if p.samePod && !p.ownLease {
-						// Known and open: see gapSamePodRestart.
-						w.gaps[gapSamePodRestart] = true
-						continue
-					}
-					w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", o.idx, lag, short(ca), s.idx)
-					return
+		// The clients of s's own bundle file (a replica's consumers read
+		// its pod's file). Up to the delay less the skew tolerance: each
+		// replica counts the delay on its own clock, and a clock that
+		// steps forward within the tolerance while it runs shortens it by
+		// as much.
+		for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
+			if t := trustAt(s.file, w.now, lag); t != nil && !t[ca] {
+				if p.samePod && !p.ownLease {
+					// Known and open: see gapSamePodRestart.
+					w.gaps[gapSamePodRestart] = true
+					continue
 				}
+				w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", s.idx, lag, short(ca), s.idx)
+				return
 			}
 		}
 	}
@@ -1634,9 +1667,9 @@ func (w *simWorld) checkInvariants() {
 		return
 	}
 	if w.parsedSign != nil && w.secret != nil {
-		due := w.parsedSign.NotAfter.Add(-w.plan.cfg().CARenewBefore)
+		due := w.parsedSign.NotAfter.Add(-renewBefore)
 		from := latest(due, w.quietSince)
-		if anyAlive && w.now.Sub(from) >= w.plan.cfg().PropagationDelay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
+		if anyAlive && w.now.Sub(from) >= delay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
 			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
 		}
@@ -1848,6 +1881,9 @@ func simQuietLogs(t *testing.T) {
 		}
 	}
 	klog.SetOutput(io.Discard)
+	// A logger that discards: with klog's own, every message is
+	// formatted before it is thrown away.
+	klog.SetLoggerWithOptions(logr.Discard(), klog.ContextualLogger(true))
 	t.Cleanup(state.Restore)
 }
 
