@@ -158,6 +158,28 @@ func (w *signWorld) stop() *Authority {
 	return a
 }
 
+// delayEnds is the latest end of the published successor's minimum delay
+// that the replicas report.
+func (w *signWorld) delayEnds() time.Time {
+	var ends time.Time
+	for _, a := range w.replicas {
+		if s := a.Status().Successor; s != nil && s.SignsNoEarlierThan.After(ends) {
+			ends = s.SignsNoEarlierThan
+		}
+	}
+	return ends
+}
+
+// untilSigned steps until the CA fp signs, at most promotionBound.
+func (w *signWorld) untilSigned(fp string) {
+	w.t.Helper()
+	until := w.clk.Now().Add(promotionBound)
+	for !w.signedBy(fp) {
+		require.False(w.t, w.clk.Now().After(until), "the successor did not sign once every consumer held it")
+		w.step(promotionStep)
+	}
+}
+
 // untilSuccessor steps a minute at a time until a successor is published
 // and returns its fingerprint.
 func (w *signWorld) untilSuccessor() string {
@@ -218,12 +240,7 @@ func TestAnnouncementForgedTrustDoesNotPromote(t *testing.T) {
 	w := newSignWorld(t, 2)
 	w.gates[1].close(t, w.replicas[1].CurrentCABundleContent())
 	fp := w.untilSuccessor()
-	var delayEnds time.Time
-	for _, a := range w.replicas {
-		if s := a.Status().Successor; s != nil && s.SignsNoEarlierThan.After(delayEnds) {
-			delayEnds = s.SignsNoEarlierThan
-		}
-	}
+	delayEnds := w.delayEnds()
 	attacker := foreignLeaf(t, w.clk.Now())
 	claim := func(l *coordinationv1.Lease) {
 		l.Annotations[TrustedCAsAnnotation] = strings.Join(append(strings.Split(l.Annotations[TrustedCAsAnnotation], ","), fp), ",")
@@ -246,11 +263,7 @@ func TestAnnouncementForgedTrustDoesNotPromote(t *testing.T) {
 	}
 	require.Positive(t, rejected(t, w.replicas[0], certmetrics.AnnouncementForged), "forged announcements are counted")
 	w.gates[1].openUp()
-	until := w.clk.Now().Add(promotionBound)
-	for !w.signedBy(fp) {
-		require.False(t, w.clk.Now().After(until), "the successor did not sign once every consumer held it")
-		w.step(promotionStep)
-	}
+	w.untilSigned(fp)
 }
 
 // TestAnnouncementForgerCannotStallPromotion: replica r2 stops for good
@@ -405,12 +418,7 @@ func TestAnnouncementFromAnotherLeafOfTheCADoesNotPromote(t *testing.T) {
 	w := newSignWorld(t, 2)
 	w.gates[1].close(t, w.replicas[1].CurrentCABundleContent())
 	fp := w.untilSuccessor()
-	var delayEnds time.Time
-	for _, a := range w.replicas {
-		if s := a.Status().Successor; s != nil && s.SignsNoEarlierThan.After(delayEnds) {
-			delayEnds = s.SignsNoEarlierThan
-		}
-	}
+	delayEnds := w.delayEnds()
 	podKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	pod, err := w.replicas[0].SignLeaf(LeafRequest{PublicKey: podKey.Public(), CommonName: "pod", DNSNames: []string{"pod.ns.svc"}, Lifetime: time.Hour})

@@ -24,12 +24,7 @@ func TestReplicasWithDifferentHostsWaitForEachOther(t *testing.T) {
 	w := newSignWorldHosts(t, [][]string{{"localhost"}, {"localhost", "127.0.0.1"}})
 	w.gates[1].close(t, w.replicas[1].CurrentCABundleContent())
 	fp := w.untilSuccessor()
-	var delayEnds time.Time
-	for _, a := range w.replicas {
-		if s := a.Status().Successor; s != nil && s.SignsNoEarlierThan.After(delayEnds) {
-			delayEnds = s.SignsNoEarlierThan
-		}
-	}
+	delayEnds := w.delayEnds()
 	for w.clk.Now().Before(delayEnds.Add(5 * time.Minute)) {
 		w.step(5 * time.Second)
 		require.False(t, w.signedBy(fp), "the successor signed before replica r1's consumers held it")
@@ -43,11 +38,7 @@ func TestReplicasWithDifferentHostsWaitForEachOther(t *testing.T) {
 	assert.ElementsMatch(t, []string{"[localhost] []", "[localhost] [127.0.0.1]"}, parseReplicaNames(s))
 
 	w.gates[1].openUp()
-	until := w.clk.Now().Add(promotionBound)
-	for !w.signedBy(fp) {
-		require.False(t, w.clk.Now().After(until), "the successor did not sign once every consumer held it")
-		w.step(promotionStep)
-	}
+	w.untilSigned(fp)
 }
 
 // TestReplicaNamesList: the list keeps each set once, the newest last, and
