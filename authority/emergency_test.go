@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -56,9 +57,16 @@ type emergencyWorld struct {
 	stale atomic.Int64
 }
 
-func newEmergencyWorld(t *testing.T) *emergencyWorld {
+func newEmergencyWorld(t *testing.T) *emergencyWorld { return newEmergencyWorldWith(t, nil) }
+
+// newEmergencyWorldWith is newEmergencyWorld with setup called on the fake
+// client before any replica starts (reactors: RBAC, faults).
+func newEmergencyWorldWith(t *testing.T, setup func(*fake.Clientset)) *emergencyWorld {
 	w := &emergencyWorld{t: t, client: fake.NewClientset(), clk: clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))}
 	enforceResourceVersions(w.client)
+	if setup != nil {
+		setup(w.client)
+	}
 	_, err := w.client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(context.Background(), &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "wh"},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -422,4 +430,44 @@ func enforceResourceVersions(client *fake.Clientset) {
 			return false, nil, nil
 		})
 	}
+}
+
+// TestEmergencyWhileBlindIsCountedUnsafe: RBAC forbids listing the replicas'
+// Leases, so no replica can see the others' announcements. An emergency
+// does not wait for that view (the compromised CA must stop signing): the
+// successor signs on each replica's own observers, and that promotion is
+// an unsafe rotation, counted by the replica that made it and recorded in
+// the Secret for every replica. Found by the simulator (a blind replica
+// promoting an emergency's successor unseen, S1); this is its Run-loop test.
+func TestEmergencyWhileBlindIsCountedUnsafe(t *testing.T) {
+	w := newEmergencyWorldWith(t, func(c *fake.Clientset) {
+		c.PrependReactor("list", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "", errors.New("RBAC: list denied"))
+		})
+	})
+	cas, err := pki.ParseCABundle(w.secret().Data["tls.crt"])
+	require.NoError(t, err)
+	fp := authority.Fingerprint(cas[0])
+	w.markCompromised(fp)
+	marked := w.clk.Now()
+	for {
+		signing, err := pki.ParseCABundle(w.secret().Data["tls.crt"])
+		require.NoError(t, err)
+		if authority.Fingerprint(signing[0]) != fp {
+			break
+		}
+		require.Less(t, w.clk.Since(marked), 10*time.Minute, "the successor never signed")
+		w.step(time.Second)
+	}
+	for range 5 {
+		w.step(time.Second)
+	}
+	counted := 0
+	for _, a := range w.replicas {
+		s := a.Status()
+		counted += s.UnsafeRotations
+		assert.Equal(t, 1, s.RecordedUnsafeRotations, "%s: the unsafe rotation recorded in the Secret", a.Name())
+		assert.Contains(t, s.LastUnsafeRotation, "unconfirmed by the other replicas", "%s", a.Name())
+	}
+	assert.Equal(t, 1, counted, "the promoting replica counts it, once")
 }
