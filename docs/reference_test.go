@@ -230,27 +230,43 @@ func metricsTable(t *testing.T) string {
 	return b.String()
 }
 
-// constant is one string constant read from a package's source.
+// constant is one string constant read from a package's source. group is
+// the first sentence of the doc of the const ( ... ) group it is declared
+// in, which says what the group is for ("Labels and annotations of the
+// Lease ..."); empty for a constant declared on its own.
 type constant struct {
-	name, value, doc string
+	name, value, doc, group string
 }
 
 // constTable lists the string constants of the package in dir whose name
-// matches pattern, in source order, as a table headed by what; withDoc adds
-// each constant's doc comment (a constant without one shares the doc of
-// the one before it in its group, as in "A and B hold ...").
+// matches pattern, as tables headed by what: one per const group, in source
+// order and introduced by the group's first doc sentence, then one of the
+// constants declared on their own. withDoc adds each constant's doc
+// comment (a constant without one shares the doc of the one before it in
+// its group, as in "A and B hold ...").
 func constTable(t *testing.T, dir, pattern, what string, withDoc bool) string {
 	consts := readConsts(t, dir, regexp.MustCompile(pattern))
 	if len(consts) == 0 {
 		t.Fatalf("no constant of %s matches %s", dir, pattern)
 	}
+	slices.SortStableFunc(consts, func(a, b constant) int {
+		return compareBool(a.group == "", b.group == "")
+	})
 	var b strings.Builder
-	if withDoc {
-		fmt.Fprintf(&b, "| %s | constant | meaning |\n|---|---|---|\n", what)
-	} else {
-		fmt.Fprintf(&b, "| %s |\n|---|\n", what)
-	}
-	for _, c := range consts {
+	for i, c := range consts {
+		if i == 0 || c.group != consts[i-1].group {
+			if i > 0 {
+				b.WriteString("\n")
+			}
+			if c.group != "" {
+				b.WriteString(c.group + "\n\n")
+			}
+			if withDoc {
+				fmt.Fprintf(&b, "| %s | constant | meaning |\n|---|---|---|\n", what)
+			} else {
+				fmt.Fprintf(&b, "| %s |\n|---|\n", what)
+			}
+		}
 		if withDoc {
 			fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", c.value, c.name, cell(c.doc))
 		} else {
@@ -273,7 +289,10 @@ func readConsts(t *testing.T, dir string, re *regexp.Regexp) []constant {
 			if !ok || gd.Tok != token.CONST {
 				continue
 			}
-			doc := ""
+			doc, group := "", ""
+			if len(gd.Specs) > 1 && gd.Doc != nil {
+				group = firstSentence(gd.Doc.Text())
+			}
 			for _, spec := range gd.Specs {
 				vs := spec.(*ast.ValueSpec)
 				if vs.Doc != nil {
@@ -289,12 +308,32 @@ func readConsts(t *testing.T, dir string, re *regexp.Regexp) []constant {
 					if err != nil {
 						t.Fatalf("%s.%s: %v", dir, n.Name, err)
 					}
-					out = append(out, constant{name: n.Name, value: v, doc: doc})
+					out = append(out, constant{name: n.Name, value: v, doc: doc, group: group})
 				}
 			}
 		}
 	}
 	return out
+}
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// firstSentence is the first sentence of a doc comment, on one line.
+func firstSentence(doc string) string {
+	doc = strings.Join(strings.Fields(doc), " ")
+	if i := strings.Index(doc, ". "); i >= 0 {
+		doc = doc[:i+1]
+	}
+	return doc
 }
 
 // constExpr is a constant's defining expression and the file it is in,
