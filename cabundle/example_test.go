@@ -56,16 +56,16 @@ func serveWebhook(ctx context.Context, kubeClient kubernetes.Interface, handler 
 var _ = serveWebhook
 
 // TestREADMEWebhookRecipeIsCompiled checks that the Go block of the
-// README's admission webhook section is serveWebhook's body, verbatim, so
+// admission webhook section of docs/embedding.md is serveWebhook's body, verbatim, so
 // the recipe compiles and cannot drift.
 func TestREADMEWebhookRecipeIsCompiled(t *testing.T) {
 	const heading = "\n### An admission webhook (Authority + cabundle)\n"
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/embedding.md")
 	require.NoError(t, err)
 	source, err := os.ReadFile("example_test.go")
 	require.NoError(t, err)
 	_, section, found := strings.Cut(string(readme), heading)
-	require.True(t, found, "README has no section %q", strings.TrimSpace(heading))
+	require.True(t, found, "docs/embedding.md has no section %q", strings.TrimSpace(heading))
 	_, after, found := strings.Cut(section, "```go\n")
 	require.True(t, found, "the section has no Go block")
 	block, _, found := strings.Cut(after, "```\n")
@@ -74,5 +74,5 @@ func TestREADMEWebhookRecipeIsCompiled(t *testing.T) {
 	for line := range strings.Lines(block) {
 		body.WriteString("\t" + line) // the function body is indented once
 	}
-	require.Contains(t, string(source), body.String(), "the README block is not serveWebhook's body")
+	require.Contains(t, string(source), body.String(), "the docs/embedding.md block is not serveWebhook's body")
 }

@@ -22,7 +22,7 @@ import (
 
 // A program comes to a machine in one of these ways.
 const (
-	// prerequisite: what README's Development section asks for before
+	// prerequisite: what docs/development.md asks for before
 	// `make test`: the Go toolchain, make and git.
 	prerequisite = "prerequisite"
 	// essential: a Debian Essential package, present on every Debian system.

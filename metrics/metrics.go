@@ -5,7 +5,8 @@
 // them too. A controller-runtime manager serves its own registry, and
 // github.com/evercert/evercert/controllerruntime's Add registers Collector
 // in it, so a manager's program needs no line of its own. The metrics, their
-// labels and what they mean are listed in the README's Metrics section.
+// labels and what they mean are listed in docs/reference.md, generated from
+// this collector.
 //
 // See docs/architecture.md for how the packages fit together.
 package metrics

@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// TestREADMEHSMRecipeIsCompiled keeps the README's "CA keys in an HSM"
+// TestREADMEHSMRecipeIsCompiled keeps docs/embedding.md's "CA keys in an HSM"
 // recipe identical to ExampleKeySource, which the compiler checks.
 func TestREADMEHSMRecipeIsCompiled(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/embedding.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,14 +19,14 @@ func TestREADMEHSMRecipeIsCompiled(t *testing.T) {
 	}
 	_, section, ok := strings.Cut(string(readme), "### CA keys in an HSM\n")
 	if !ok {
-		t.Fatal(`README has no "### CA keys in an HSM" section`)
+		t.Fatal(`docs/embedding.md has no "### CA keys in an HSM" section`)
 	}
 	_, block, ok := strings.Cut(section, "```go\n")
 	if ok {
 		block, _, ok = strings.Cut(block, "```\n")
 	}
 	if !ok {
-		t.Fatal("the README's HSM section has no go block")
+		t.Fatal("the HSM section of docs/embedding.md has no go block")
 	}
 	// The example's body, one tab deeper.
 	for line := range strings.Lines(block) {
@@ -34,7 +34,7 @@ func TestREADMEHSMRecipeIsCompiled(t *testing.T) {
 			continue
 		}
 		if !strings.Contains(string(example), "\t"+line) {
-			t.Errorf("README line %q is not in ExampleKeySource", strings.TrimRight(line, "\n"))
+			t.Errorf("docs/embedding.md line %q is not in ExampleKeySource", strings.TrimRight(line, "\n"))
 		}
 	}
 }

@@ -52,7 +52,7 @@ func wiringLines(t *testing.T, file, tag string) int {
 	return n
 }
 
-// TestREADMELinesOfCode checks that the README's table "Lines of code:
+// TestREADMELinesOfCode checks that docs/embedding.md's table "Lines of code:
 // evercert vs cert-controller" states exactly the lines of certificate
 // wiring in this operator (between the evercert markers in main.go) and in
 // the same operator wired with cert-controller
@@ -65,13 +65,13 @@ func TestREADMELinesOfCode(t *testing.T) {
 	}
 	t.Logf("lines of certificate wiring: evercert %d, cert-controller %d", want["evercert"], want["cert-controller"])
 
-	readme, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "embedding.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(readme), "\n### Lines of code: evercert vs cert-controller\n")
 	if !ok {
-		t.Fatal(`README.md has no section "### Lines of code: evercert vs cert-controller"`)
+		t.Fatal(`docs/embedding.md has no section "### Lines of code: evercert vs cert-controller"`)
 	}
 	if end := strings.Index(section, "\n#"); end >= 0 {
 		section = section[:end]
@@ -81,7 +81,7 @@ func TestREADMELinesOfCode(t *testing.T) {
 	got := map[string]int{}
 	for _, m := range row.FindAllStringSubmatch(section, -1) {
 		if _, dup := got[m[1]]; dup {
-			t.Errorf("README: two rows for %s", m[1])
+			t.Errorf("docs/embedding.md: two rows for %s", m[1])
 		}
 		got[m[1]], _ = strconv.Atoi(m[2])
 	}
@@ -89,9 +89,9 @@ func TestREADMELinesOfCode(t *testing.T) {
 		g, ok := got[tool]
 		switch {
 		case !ok:
-			t.Errorf("README: no row for %s in the lines-of-code table (want %d lines)", tool, n)
+			t.Errorf("docs/embedding.md: no row for %s in the lines-of-code table (want %d lines)", tool, n)
 		case g != n:
-			t.Errorf("README: %s has %d lines in the table, the code has %d", tool, g, n)
+			t.Errorf("docs/embedding.md: %s has %d lines in the table, the code has %d", tool, g, n)
 		}
 	}
 }
