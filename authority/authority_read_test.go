@@ -390,3 +390,38 @@ func TestGetForbiddenWatchAllowed(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchListFailsOnceThenSecretAbsent: RBAC forbids get on the CA Secret,
+// the Secret does not exist yet, and the watch's first list fails (an API
+// server that is still starting answers 503). The reflector lists again
+// and succeeds: no Secret, as the cache holds. The replica must create the
+// Secret from the watch's cache and serve. The failed list had marked the
+// watch failing, and only a watch event cleared that: with the Secret
+// absent from the list and the cache no event comes, so every check kept
+// sending a GET that RBAC forbids and the replica never served.
+func TestWatchListFailsOnceThenSecretAbsent(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	gets := interceptSecrets(client, "get", forbidden())
+	var lists atomic.Int32
+	client.PrependReactor("list", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if lists.Add(1) == 1 {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is starting")
+		}
+		return false, nil, nil
+	})
+	clk := clocktesting.NewFakeClock(testNow)
+	a := newTestAuthority(t, client, clk, "list-fails-once")
+
+	runInBackground(t, a.Run)
+	// The reflector retries the list on the real clock (about a second).
+	waitFor(t, "the watch to list again", func() bool { return lists.Load() >= 2 })
+	waitFor(t, "the replica to serve", func() bool {
+		clk.Step(time.Second)
+		waitBlocked(t, clk)
+		return a.Leaf() != nil
+	})
+	_, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), "ns", "ca")
+	require.NoError(t, err, "the replica created the Secret")
+	t.Logf("%d forbidden GETs", gets.n.Load())
+}
