@@ -79,7 +79,8 @@ type Source struct {
 	// otherwise: the Authority reads it instead of a GET per check.
 	Cache atomic.Pointer[View]
 	// WatchFailing: the watch reported an error and no event arrived
-	// since (it backs off or re-lists): the cache may be stale.
+	// since, nor a list that showed what the cache holds (it backs off or
+	// re-lists): the cache may be stale.
 	WatchFailing atomic.Bool
 	// delivered is when (UnixNano on Config.Clock; 0: never) the watch
 	// last showed that its cache is current: a list that succeeded, or an
