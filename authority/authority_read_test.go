@@ -379,8 +379,7 @@ func TestGetForbiddenWatchAllowed(t *testing.T) {
 				if i == 2 {
 					atRest = gets.n.Load()
 				}
-				watches.bookmark()
-				waitFor(t, "the bookmark", func() bool { return !a.store.src.DeliveredAt().Before(clk.Now()) })
+				bookmarkDelivered(t, a, watches)
 				clk.Step(30 * time.Second)
 				waitBlocked(t, clk)
 			}
