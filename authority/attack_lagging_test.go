@@ -49,6 +49,39 @@ func (s blindSecrets) Get(ctx context.Context, name string, opts metav1.GetOptio
 	return s.SecretInterface.Get(ctx, name, opts)
 }
 
+// waitLeasesSeen waits until every replica in rs has seen every other
+// replica's Lease as the API server holds it. A replica counts another as
+// live from the renewals its Lease watch delivered; that watch runs on the
+// real clock, so a test that steps the fake clock by more than a Lease
+// duration must wait for those deliveries, or a replica that renewed at
+// every step looks dead to the others.
+func waitLeasesSeen(t *testing.T, client *fake.Clientset, rs ...*Authority) {
+	t.Helper()
+	waitFor(t, "every replica to see the others' Leases", func() bool {
+		leases, err := client.CoordinationV1().Leases("ns").List(context.Background(), metav1.ListOptions{})
+		require.NoError(t, err)
+		for _, r := range rs {
+			for _, l := range leases.Items {
+				if l.Name == r.replicas.leaseName {
+					continue
+				}
+				want := l.ResourceVersion
+				if l.Spec.RenewTime != nil {
+					want += "/" + l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
+				}
+				r.replicas.mu.Lock()
+				s := r.replicas.seen[l.Name]
+				ok := s != nil && s.rv == want
+				r.replicas.mu.Unlock()
+				if !ok {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
 // TestAttackLaggingReplicaGetsItsDelay: replica b cannot read the CA
 // Secret while a publishes a successor. The successor rightly waits for b,
 // which is alive and does not announce it. When b can read again, it loads
@@ -74,18 +107,28 @@ func TestAttackLaggingReplicaGetsItsDelay(t *testing.T) {
 	}
 	a := mk("a", client)
 	b := mk("b", blindClient{client, &blind})
-	waitWaiters(t, clk, 4)
+	// Each step is longer than the Lease duration: the loops must have
+	// finished their pass, and a must have seen b's renewal, or b, alive,
+	// looks dead to a. (b's own watches use blindClient, which hides the
+	// fake's lack of watch-list support: they never sync, and b reads the
+	// Secret only with GETs, as the test means.)
+	settled := func() {
+		t.Helper()
+		waitWaiters(t, clk, 4)
+		waitLeasesSeen(t, client, a)
+	}
+	settled()
 	delay := a.cfg.PropagationDelay
 
 	blind.Store(true)
 	for a.Status().Successor == nil {
 		clk.Step(time.Minute)
-		waitWaiters(t, clk, 4)
+		settled()
 	}
 	succ := a.Status().Successor
 	for clk.Now().Before(succ.SignsNoEarlierThan.Add(time.Hour)) {
 		clk.Step(time.Minute)
-		waitWaiters(t, clk, 4)
+		settled()
 		st := a.Status()
 		require.NotNil(t, st.Successor, "signed while b, alive, has not loaded it")
 		require.Contains(t, st.Successor.Pending, "replica/attack-lagging-b")
@@ -95,13 +138,13 @@ func TestAttackLaggingReplicaGetsItsDelay(t *testing.T) {
 	blind.Store(false)
 	for b.Status().Successor == nil { // b backs off; its next retry reads
 		clk.Step(time.Second)
-		waitWaiters(t, clk, 4)
+		settled()
 	}
 	seenByB := b.Status().Successor.SignsNoEarlierThan.Add(-delay)
 	bBundle := b.CurrentCABundleContent()
 	for a.Status().Successor != nil || b.Status().Successor != nil {
 		clk.Step(time.Minute)
-		waitWaiters(t, clk, 4)
+		settled()
 		if a.Status().Successor == nil || b.Status().Successor == nil {
 			assert.False(t, clk.Now().Before(seenByB.Add(delay)),
 				"the successor signed %s after b first had it, less than the minimum delay %s", clk.Now().Sub(seenByB), delay)

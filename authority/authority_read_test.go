@@ -74,6 +74,49 @@ func (w *wedgeableWatches) bookmark() {
 	}
 }
 
+// opened counts the watches made so far: a bookmark sent before the first
+// one reaches nobody.
+func (w *wedgeableWatches) opened() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.open)
+}
+
+// waitWatchHolds waits until a's watch of its CA Secret has synced and its
+// cache holds the Secret as the API server has it (the same
+// resourceVersion): what a replica at rest reads. The informer lists and
+// delivers on the real clock while the test steps the fake one: without
+// this wait, minutes of fake time can pass before it has listed, and a
+// test that counts the GETs of a replica at rest, or wedges the watch to
+// make it stale, would measure a watch that has not started yet.
+func waitWatchHolds(t *testing.T, a *Authority, client *fake.Clientset) {
+	t.Helper()
+	waitFor(t, "the Secret's watch to hold the Secret", func() bool {
+		stored, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), a.cfg.Namespace, a.cfg.SecretName)
+		if err != nil {
+			return false
+		}
+		view := a.store.src.Cache.Load()
+		if view == nil || !view.Synced() {
+			return false
+		}
+		obj, ok, err := view.Store.GetByKey(a.cfg.Namespace + "/" + a.cfg.SecretName)
+		cached, _ := obj.(*corev1.Secret)
+		return err == nil && ok && cached != nil && cached.ResourceVersion == stored.(metav1.Object).GetResourceVersion()
+	})
+}
+
+// bookmarkDelivered sends a bookmark on every open watch and waits until
+// a's Secret watch has delivered something since: the cache is shown
+// current at the clock's time.
+func bookmarkDelivered(t *testing.T, a *Authority, watches *wedgeableWatches) {
+	t.Helper()
+	waitFor(t, "a watch to send the bookmark on", func() bool { return watches.opened() > 0 })
+	before := a.store.src.Deliveries()
+	watches.bookmark()
+	waitFor(t, "the bookmark", func() bool { return a.store.src.Deliveries() > before })
+}
+
 // signsWith returns a function that reports whether a signs with ca: its
 // signing CA is ca, or the leaf it serves through a real TLS handshake on
 // 127.0.0.1 chains to ca.
@@ -113,6 +156,7 @@ func TestStaleWatchCompromisedCAStopsSigning(t *testing.T) {
 	require.True(t, signsWithBad())
 	maxAge := secretReadsMaxAge(w.a.cfg.CheckInterval)
 
+	waitWatchHolds(t, w.a, client) // wedged once it has delivered the Secret
 	wedge.wedged.Store(true)
 	for range 5 { // longer than maxAge: the cache is old, and nothing changed
 		clk.Step(time.Minute)
@@ -156,6 +200,9 @@ func TestStaleWatchWithFailingGetIsReported(t *testing.T) {
 			require.NoError(t, check.Check(nil))
 			before := certmetricstest.LoadErrors(t, w.a.Name())
 
+			// Wedged once it has delivered the Secret: a watch that has not
+			// listed yet would list later and show the cache current then.
+			waitWatchHolds(t, w.a, client)
 			wedge.wedged.Store(true)
 			gets.fail(tc.err)
 			for range 4 {
@@ -205,12 +252,13 @@ func TestQuietWatchWithBookmarksCostsNoGet(t *testing.T) {
 			gets := interceptSecrets(client, "get", nil)
 			clk := clocktesting.NewFakeClock(testNow)
 			w := newOpsWorld(t, "quiet-watch-"+map[bool]string{true: "bookmarks", false: "none"}[bookmarks], client, clk)
+			// At rest: the watch holds what the replica wrote.
+			waitWatchHolds(t, w.a, client)
 			const minutes = 30
 			start := gets.n.Load()
 			for range minutes {
 				if bookmarks {
-					watches.bookmark()
-					waitFor(t, "the bookmark", func() bool { return !w.a.store.src.DeliveredAt().Before(clk.Now()) })
+					bookmarkDelivered(t, w.a, watches)
 				}
 				clk.Step(time.Minute)
 				waitBlocked(t, clk)
@@ -331,8 +379,7 @@ func TestGetForbiddenWatchAllowed(t *testing.T) {
 				if i == 2 {
 					atRest = gets.n.Load()
 				}
-				watches.bookmark()
-				waitFor(t, "the bookmark", func() bool { return !a.store.src.DeliveredAt().Before(clk.Now()) })
+				bookmarkDelivered(t, a, watches)
 				clk.Step(30 * time.Second)
 				waitBlocked(t, clk)
 			}
@@ -341,4 +388,39 @@ func TestGetForbiddenWatchAllowed(t *testing.T) {
 			require.NotNil(t, a.Leaf())
 		})
 	}
+}
+
+// TestWatchListFailsOnceThenSecretAbsent: RBAC forbids get on the CA Secret,
+// the Secret does not exist yet, and the watch's first list fails (an API
+// server that is still starting answers 503). The reflector lists again
+// and succeeds: no Secret, as the cache holds. The replica must create the
+// Secret from the watch's cache and serve. The failed list had marked the
+// watch failing, and only a watch event cleared that: with the Secret
+// absent from the list and the cache no event comes, so every check kept
+// sending a GET that RBAC forbids and the replica never served.
+func TestWatchListFailsOnceThenSecretAbsent(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	gets := interceptSecrets(client, "get", forbidden())
+	var lists atomic.Int32
+	client.PrependReactor("list", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if lists.Add(1) == 1 {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is starting")
+		}
+		return false, nil, nil
+	})
+	clk := clocktesting.NewFakeClock(testNow)
+	a := newTestAuthority(t, client, clk, "list-fails-once")
+
+	runInBackground(t, a.Run)
+	// The reflector retries the list on the real clock (about a second).
+	waitFor(t, "the watch to list again", func() bool { return lists.Load() >= 2 })
+	waitFor(t, "the replica to serve", func() bool {
+		clk.Step(time.Second)
+		waitBlocked(t, clk)
+		return a.Leaf() != nil
+	})
+	_, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), "ns", "ca")
+	require.NoError(t, err, "the replica created the Secret")
+	t.Logf("%d forbidden GETs", gets.n.Load())
 }

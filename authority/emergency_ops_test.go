@@ -76,6 +76,19 @@ func (w *opsWorld) annotate(kv ...string) {
 	require.NoError(w.t, err)
 }
 
+// awaitMark waits until the replica has seen the compromised-ca mark on
+// fingerprint. Its watch delivers the annotation on the real clock: a test
+// that stepped the fake clock meanwhile would count that delivery's latency
+// as fake time, and nothing but the watch brings the mark before the next
+// check a check interval later.
+func (w *opsWorld) awaitMark(fingerprint string) {
+	w.t.Helper()
+	waitFor(w.t, "the replica to see the compromised-ca mark", func() bool {
+		e := w.a.Status().Emergency
+		return e != nil && e.Fingerprint == fingerprint
+	})
+}
+
 // events drains the recorder into what it holds so far, and those of reason.
 func (w *opsWorld) events(reason string) []string {
 	var out []string
@@ -175,11 +188,17 @@ func TestRotateRequestedActsOnce(t *testing.T) {
 // its expiry.
 func TestEmergencyStepsAreReported(t *testing.T) {
 	client := fake.NewClientset()
+	// resourceVersions, as a real API server keeps them: without them the
+	// replica cannot tell whether its watch has delivered its own last
+	// write, and a check that decided on the older content repeated a step
+	// (each step is counted once).
+	optimistic(client)
 	clk := clocktesting.NewFakeClock(testNow)
 	w := newOpsWorld(t, "emergency-steps", client, clk)
 	bad := w.a.Status().Signing
 	w.annotate(CompromisedCAAnnotation, bad.Fingerprint, CompromisedReasonAnnotation, "leaked", CompromisedAtAnnotation, clk.Now().UTC().Format(time.RFC3339))
 	marked := clk.Now()
+	w.awaitMark(bad.Fingerprint)
 	for w.secret().Annotations[CompromisedHandledAnnotation] != bad.Fingerprint {
 		// MinReissueInterval holds the leaf's re-issue back for a moment.
 		require.Less(t, clk.Since(marked), time.Minute, "the emergency was not handled within a minute (fake clock); status %+v", w.a.Status().Emergency)

@@ -30,6 +30,7 @@ func TestEmergencyDoesNotPromoteSuccessorPublishedBeforeTheMark(t *testing.T) {
 	bad := w.a.Status().Signing.Fingerprint
 	w.annotate(CompromisedCAAnnotation, bad, CompromisedReasonAnnotation, "the Secret leaked", CompromisedAtAnnotation, clk.Now().UTC().Format(time.RFC3339))
 	marked := clk.Now()
+	w.awaitMark(bad)
 	for w.secret().Annotations[CompromisedHandledAnnotation] != bad {
 		require.Less(t, clk.Since(marked), time.Minute, "the emergency was not handled within a minute (fake clock); status %+v", w.a.Status().Emergency)
 		clk.Step(100 * time.Millisecond)

@@ -62,7 +62,9 @@ func TestReplicaLeaseWriteForbiddenIsReported(t *testing.T) {
 		_, err := client.CoordinationV1().Leases("ns").Get(context.Background(), replicaLeaseName("ca", "peer"), metav1.GetOptions{})
 		return err == nil
 	})
-	waitFor(t, "the denied replica's first write", func() bool { return denied.Load() > 0 })
+	// The reactor counts the denial before the Lease writer has the error
+	// back: wait for the writer to record it.
+	waitFor(t, "the denied replica's first write reported", func() bool { return denied.Load() > 0 && victim.Status().LeaseForbidden != "" })
 
 	lease := "ns/" + deniedLease
 	st := victim.Status()

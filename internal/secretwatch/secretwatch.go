@@ -79,7 +79,8 @@ type Source struct {
 	// otherwise: the Authority reads it instead of a GET per check.
 	Cache atomic.Pointer[View]
 	// WatchFailing: the watch reported an error and no event arrived
-	// since (it backs off or re-lists): the cache may be stale.
+	// since, nor a list that showed what the cache holds (it backs off or
+	// re-lists): the cache may be stale.
 	WatchFailing atomic.Bool
 	// delivered is when (UnixNano on Config.Clock; 0: never) the watch
 	// last showed that its cache is current: a list that succeeded, or an
@@ -187,12 +188,14 @@ func (s *Source) RunOnce(ctx context.Context) error {
 func (s *Source) Run(ctx context.Context) {
 	selector := fields.OneTermEqualSelector("metadata.name", s.Config.SecretName).String()
 	secrets := s.Config.Client.CoreV1().Secrets(s.Config.Namespace)
+	var store cache.Store // the informer's, set before it runs
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
 			list, err := secrets.List(ctx, opts)
 			if err == nil {
 				s.MarkDelivered()
+				s.listedAsCached(list, store)
 			}
 			return list, err
 		},
@@ -232,7 +235,8 @@ func (s *Source) Run(ctx context.Context) {
 			_ = s.Handle(nil)
 		},
 	}, cache.HandlerOptions{})
-	view := &View{Store: informer.GetStore(), Synced: informer.HasSynced}
+	store = informer.GetStore()
+	view := &View{Store: store, Synced: informer.HasSynced}
 	s.Cache.Store(view)
 	defer s.Cache.CompareAndSwap(view, nil)
 	var wg sync.WaitGroup
@@ -241,6 +245,32 @@ func (s *Source) Run(ctx context.Context) {
 		wg.Go(func() { s.rereadEvery(ctx) })
 	}
 	informer.RunWithContext(ctx)
+}
+
+// listedAsCached clears WatchFailing when a list that succeeded shows what
+// the cache holds. The watch handlers clear it when the list changes the
+// cache or repeats the Secret, but a list without the Secret, into a cache
+// without it, calls none: after a failed list (an API server still
+// starting) the cache stayed "failing" until the Secret was created, and
+// every read sent a GET, which RBAC may forbid while it allows list and
+// watch. When the list and the cache differ (or the client sets no
+// resourceVersions to tell), the handlers clear it once the cache holds
+// what was listed, not before.
+func (s *Source) listedAsCached(list *corev1.SecretList, store cache.Store) {
+	var listed *corev1.Secret
+	for i := range list.Items {
+		if list.Items[i].Name == s.Config.SecretName {
+			listed = &list.Items[i]
+		}
+	}
+	obj, inCache, err := store.GetByKey(s.Key)
+	if err != nil {
+		return
+	}
+	cached, _ := obj.(*corev1.Secret)
+	if listed == nil && !inCache || listed != nil && cached != nil && listed.ResourceVersion != "" && listed.ResourceVersion == cached.ResourceVersion {
+		s.WatchFailing.Store(false)
+	}
 }
 
 // rereadEvery re-reads the Secret every Config.Resync until ctx is done,
