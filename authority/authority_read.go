@@ -29,9 +29,10 @@ import (
 //   - this replica's Lease writes fail (apiFailing): the same reasoning for
 //     an outage the watches do not notice;
 //   - a write failed, conflicted or found the Secret already created (the
-//     Conflict re-read), and neither a GET succeeded nor the watch
-//     delivered since (after a conflict: delivered another version than
-//     the one the write was refused for). A failed GET does not add to
+//     Conflict re-read), and no GET succeeded since (after a write that
+//     failed for another reason, a watch delivery since ends it too; not
+//     after a refusal, as a lagging watch may deliver a version older than
+//     the one refused). A failed GET does not add to
 //     this: with get forbidden by RBAC while list and watch are allowed, a
 //     GET before the watch synced would otherwise keep every later check on
 //     GETs that fail, and the same deployment would work or not depending
@@ -72,7 +73,8 @@ type secretReads struct {
 	mu sync.Mutex
 	// mustGet: the next read is a GET (a failed write, a conflict),
 	// until a GET succeeds or the watch delivers after the failure
-	// (src.Deliveries beyond failedAt) a version other than staleRV.
+	// (src.Deliveries beyond failedAt); after a refused write (staleRV),
+	// only until a GET succeeds.
 	mustGet  bool
 	failedAt uint64
 	// staleRV is the resourceVersion a write was refused for (Conflict;
@@ -228,8 +230,12 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 		}
 	}
 	r.mu.Lock()
-	stale := r.staleRV == absentRV && !inCache || r.staleRV != "" && inCache && cached.ResourceVersion == r.staleRV
-	if r.mustGet && r.src.Deliveries() > r.failedAt && !stale {
+	// A write that failed for another reason is over once the watch
+	// delivers after it. A refused one (staleRV set) only with a GET that
+	// succeeds: a watch that lags can deliver a version older than the
+	// one refused, and deciding on it would undo what this replica
+	// already saw (a compromised-ca mark, a successor).
+	if r.mustGet && r.staleRV == "" && r.src.Deliveries() > r.failedAt {
 		// The watch delivered since the failure, and not the version a
 		// write was refused for.
 		r.mustGet, r.staleRV = false, ""
