@@ -1,0 +1,43 @@
+package authority
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/secretwatch"
+)
+
+// TestRefusedWriteIgnoresAnOlderDelivery: the cache holds version 8, a GET
+// read version 10, and a write based on 10 is refused (Conflict). A watch
+// that lags then delivers version 9. The next read must still be a GET:
+// deciding on 9 would undo what this replica saw at 10 (a compromised-ca
+// mark, a successor). A review found that any delivery other than the
+// refused version ended the GETs.
+func TestRefusedWriteIgnoresAnOlderDelivery(t *testing.T) {
+	secret := func(rv string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
+	}
+	client := fake.NewClientset(secret("10"))
+	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
+	require.NoError(t, err)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	require.NoError(t, store.Add(secret("8")))
+	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
+	src.MarkDelivered()
+	r := newSecretReads(src, secretReadsMaxAge(0))
+
+	r.failed("10") // the write based on version 10 was refused
+	require.NoError(t, store.Update(secret("9")))
+	src.MarkDelivered() // the lagging watch delivers 9
+
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion, "the read came from a cache older than the refused version")
+}
