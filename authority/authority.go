@@ -314,6 +314,7 @@ func New(cfg Config) (*Authority, error) {
 		store.reads.apiFailing = a.replicas.writeFailing.Load
 		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
 		store.ownNames = a.replicas.names
+		store.leaseAges = a.replicas.mergeLeaseAges
 	}
 	src.Process = func(secret *corev1.Secret) error {
 		store.reads.observed(secret)
@@ -428,6 +429,10 @@ type secretStore struct {
 	// ownNames is this replica's leaf names, added to the Secret's
 	// ReplicaNamesAnnotation when missing ("" without announcements).
 	ownNames string
+	// leaseAges merges the Secret's record of Leases watched unrenewed
+	// with this replica's watch (replicaSet.mergeLeaseAges); nil without
+	// replica announcements.
+	leaseAges func(read []leaseAge, now time.Time) ([]leaseAge, bool)
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
@@ -505,6 +510,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.unsafe = parseUnsafeRecord(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames)
+	agesGrew := false
+	st.leaseAges = parseLeaseAges(secret)
+	if s.leaseAges != nil {
+		st.leaseAges, agesGrew = s.leaseAges(st.leaseAges, now)
+	}
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
@@ -526,7 +536,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
 	st = res.state
-	if res.write || namesAdded {
+	if res.write || namesAdded || agesGrew {
 		asRead := secret
 		// The Update carries the resourceVersion read above: a Secret
 		// written meanwhile (another replica, or the other tool still
@@ -721,6 +731,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	writeReplicaNames(st.replicaNames, s)
+	writeLeaseAges(st.leaseAges, s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -387,6 +387,11 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		// the NotBefores (an adopted CA is not backdated, the successor is).
 		st.next, st.nextSince, st.seenSince, st.inherited, restored = last.next, last.nextSince, last.seenSince, last.inherited, true
 	}
+	if restored && last.unsafe.count > st.unsafe.count {
+		// The record went back with the CAs (a delete, a backup): the
+		// unsafe rotations this replica knew of happened all the same.
+		st.unsafe = last.unsafe
+	}
 	if restored {
 		why := "rolled back to older content"
 		if !exists {

@@ -69,6 +69,15 @@ func TestUnsafeRotationIsRecordedInTheSecret(t *testing.T) {
 	}
 	assert.Equal(t, "1", secretAnnotation(t, client, UnsafeRotationsAnnotation))
 
+	// Deleted by mistake: the replicas write back what they knew, the
+	// record too.
+	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
+	settle(t, clk, 2, client, writes, 3, other, c)
+	assert.Equal(t, "1", secretAnnotation(t, client, UnsafeRotationsAnnotation), "the record, after the Secret was deleted")
+	for _, r := range []*Authority{other, c} {
+		assert.Equal(t, 1, r.Status().RecordedUnsafeRotations, "%s, after the Secret was deleted", r.Name())
+	}
+
 	// Ordinary rotations add nothing; a second unsafe one counts two.
 	for range 12 {
 		clk.Step(time.Hour)
