@@ -41,6 +41,7 @@ var (
 	cyclesFlag    = flag.Int("soak.cycles", 0, "fault cycles per TestSoakFaults scenario (one cycle is about one CA lifetime); 0 derives them from -soak.years")
 	settleTimeout = flag.Duration("soak.settle-timeout", 60*time.Second, "real time every loop gets to wait on the clock again after a step")
 	quietWindow   = flag.Duration("soak.quiet", 5*time.Millisecond, "real time without any activity that counts as settled")
+	allScenarios  = flag.Bool("soak.all", false, "also run the TestSoakFaults scenarios that make test covers otherwise (make soak sets it)")
 	knownIssues   = flag.Bool("soak.known-issues", false, "also run the TestSoakFaults scenarios that reproduce known failures of the implementation")
 )
 
