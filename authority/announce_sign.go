@@ -198,6 +198,8 @@ func (m announcementMark) retiredLeaf(leaf *x509.Certificate) bool {
 type heldLease struct {
 	lease  *coordinationv1.Lease
 	seenAt time.Time
+	// unlisted: see rejection.unlisted.
+	unlisted string
 }
 
 // rejection is why an announcement is not believed; reason is a
@@ -209,6 +211,9 @@ type rejection struct {
 	err    error
 	// hold: judge it again when the Secret's CAs change.
 	hold bool
+	// unlisted: the announced leaf chains to the Secret's CAs but is for
+	// names (leafNames) the Secret does not list; see namesInUse.
+	unlisted string
 }
 
 // setRoots records the CAs of the Secret as this replica just read it
@@ -352,20 +357,20 @@ func checkAnnouncedLeaf(leaf *x509.Certificate, names string, others []string, r
 	// signs leaves for others (podcert's PodCertificateRequests, SignLeaf),
 	// and their holders must not confirm anything for its replicas. Held,
 	// so that a list that grows judges it again.
-	if got := leafNames(leaf.DNSNames, leaf.IPAddresses); names != "" && got != names && !slices.Contains(others, got) {
-		return &rejection{reason: certmetrics.AnnouncementForged, hold: true,
-			err: fmt.Errorf("the announced leaf (serial %s) is for %s, neither this Authority's names %s nor names the CA Secret lists (%s)", serial(leaf), got, names, ReplicaNamesAnnotation)}
-	}
+	got := leafNames(leaf.DNSNames, leaf.IPAddresses)
+	unlisted := names != "" && got != names && !slices.Contains(others, got)
 	// Chains to a CA in the Secret, by signature only: validity periods are
 	// not checked here (clock skew is judged elsewhere, from believed
 	// announcements only), and a leaf needs no intermediates.
-	for _, ca := range roots {
-		if costly.signedBy(leaf, ca) {
-			return nil
-		}
+	if !slices.ContainsFunc(roots, func(ca *x509.Certificate) bool { return costly.signedBy(leaf, ca) }) {
+		return &rejection{reason: certmetrics.AnnouncementForged, hold: true,
+			err: fmt.Errorf("the announced leaf (serial %s, issuer %q) does not chain to a CA in the CA Secret", serial(leaf), leaf.Issuer.CommonName)}
 	}
-	return &rejection{reason: certmetrics.AnnouncementForged, hold: true,
-		err: fmt.Errorf("the announced leaf (serial %s, issuer %q) does not chain to a CA in the CA Secret", serial(leaf), leaf.Issuer.CommonName)}
+	if unlisted {
+		return &rejection{reason: certmetrics.AnnouncementForged, hold: true, unlisted: got,
+			err: fmt.Errorf("the announced leaf (serial %s) is for %s, neither this Authority's names %s nor names the CA Secret lists (%s)", serial(leaf), got, names, ReplicaNamesAnnotation)}
+	}
+	return nil
 }
 
 // AnnouncementError is why VerifyAnnouncement does not believe a replica

@@ -315,6 +315,7 @@ func New(cfg Config) (*Authority, error) {
 		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
 		store.ownNames = a.replicas.names
 		store.leaseAges = a.replicas.mergeLeaseAges
+		store.namesInUse = a.replicas.namesInUse
 	}
 	src.Process = func(secret *corev1.Secret) error {
 		store.reads.observed(secret)
@@ -429,10 +430,13 @@ type secretStore struct {
 	// ownNames is this replica's leaf names, added to the Secret's
 	// ReplicaNamesAnnotation when missing ("" without announcements).
 	ownNames string
+	// namesInUse reports whether a live replica announces a set of leaf
+	// names (replicaSet.namesInUse); nil without announcements.
+	namesInUse func(string) bool
 	// leaseAges merges the Secret's record of Leases watched unrenewed
 	// with this replica's watch (replicaSet.mergeLeaseAges); nil without
 	// replica announcements.
-	leaseAges func(read []leaseAge, now time.Time) ([]leaseAge, bool)
+	leaseAges func(read []leaseAge, now time.Time, waiting bool) ([]leaseAge, bool)
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
@@ -509,11 +513,11 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
 	st.replicaNames = parseReplicaNames(secret)
-	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames)
+	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	agesGrew := false
 	st.leaseAges = parseLeaseAges(secret)
 	if s.leaseAges != nil {
-		st.leaseAges, agesGrew = s.leaseAges(st.leaseAges, now)
+		st.leaseAges, agesGrew = s.leaseAges(st.leaseAges, now, st.next != nil)
 	}
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))

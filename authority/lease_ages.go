@@ -84,12 +84,18 @@ func writeLeaseAges(ages []leaseAge, s *corev1.Secret) {
 
 // mergeLeaseAges takes the ages read from the Secret at now into the
 // Leases this process watches, and returns the record to keep: what was
-// read, without the Leases it knows to have changed or gone, and with the
-// ages this process has watched since. changed says that the record grew
-// enough to be worth a write: a Lease newly overdue, a further sixth of
-// its duration watched, or judged dead. A record that only shrinks is not
+// read, without the Leases it knows to have changed or gone, and, when
+// waiting (a successor waits for the live replicas), with the ages this
+// process has watched since. changed says that the record grew enough to
+// be worth a write: a Lease newly overdue, a further sixth of its
+// duration watched, or judged dead. A record that only shrinks is not
 // written on its own: its stale lines no longer match anything.
-func (r *replicaSet) mergeLeaseAges(read []leaseAge, now time.Time) (out []leaseAge, changed bool) {
+//
+// Only while a successor waits does a Lease's liveness hold anything up,
+// so only then is the record written: a renewal seen late (a slow write, a
+// watch behind) makes a live Lease look overdue now and then, which would
+// cost a Secret write at rest.
+func (r *replicaSet) mergeLeaseAges(read []leaseAge, now time.Time, waiting bool) (out []leaseAge, changed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
@@ -114,8 +120,8 @@ func (r *replicaSet) mergeLeaseAges(read []leaseAge, now time.Time) (out []lease
 		noted[a.name] = a.age
 		out = append(out, a)
 	}
-	if unseen > r.skew {
-		return out, false // this process was not watching: nothing to add
+	if !waiting || unseen > r.skew {
+		return out, false // nothing waits, or this process was not watching
 	}
 	for name, l := range r.seen {
 		if name == r.leaseName || l.holder == r.id || l.deleted || l.stale {

@@ -38,7 +38,7 @@ func TestLeaseAgesRecord(t *testing.T) {
 	read := parseLeaseAges(s)
 	require.Len(t, read, 3)
 
-	out, grew := r.mergeLeaseAges(read, clk.Now())
+	out, grew := r.mergeLeaseAges(read, clk.Now(), true)
 	require.False(t, grew, "nothing was watched overdue here yet")
 	require.Equal(t, []leaseAge{
 		{name: "ca-dead", version: version("ca-dead"), age: 400 * time.Second},
@@ -55,12 +55,20 @@ func TestLeaseAgesRecord(t *testing.T) {
 	r.woke()
 	r.asleep(time.Minute)
 	clk.Step(30 * time.Second)
-	out, grew = r.mergeLeaseAges(out, clk.Now())
+	out, grew = r.mergeLeaseAges(out, clk.Now(), true)
 	require.True(t, grew)
 	require.Equal(t, []leaseAge{
 		{name: "ca-dead", version: version("ca-dead"), age: 400 * time.Second}, // recorded dead: not written again
 		{name: "ca-renewed", version: version("ca-renewed"), age: 90 * time.Second},
 	}, out)
+	// While no successor waits, nothing holds on a Lease's liveness:
+	// nothing is added.
+	r.asleep(time.Minute)
+	clk.Step(time.Minute)
+	r.woke()
+	_, grew = r.mergeLeaseAges(out, clk.Now(), false)
+	require.False(t, grew, "recorded while no successor waits")
+
 	written := &corev1.Secret{}
 	writeLeaseAges(out, written)
 	require.Equal(t, out, parseLeaseAges(written), "the record reads back as written")

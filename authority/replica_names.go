@@ -22,9 +22,34 @@ import (
 const ReplicaNamesAnnotation = "evercert.io/replica-leaf-names"
 
 // maxReplicaNameSets bounds ReplicaNamesAnnotation: a rollout that changes
-// Hosts needs two sets; the oldest beyond the bound are dropped (a replica
-// that still runs with them adds them back at its next check).
+// Hosts needs two sets; beyond the bound, the oldest sets that no live
+// replica announces are dropped (one that still runs with them adds them
+// back at its next check). Sets in use are never dropped: with more of them
+// than the bound, each replica would drop another's to add its own, and
+// the replicas would rewrite the Secret in turn for ever.
 const maxReplicaNameSets = 8
+
+// namesInUse reports whether a live replica announces a leaf for the leaf
+// names set (see leafNames): a believed announcement, or one held only
+// because the Secret does not list its names (a leaf of the Secret's CAs,
+// signed by its key), renewed within its duration.
+func (r *replicaSet) namesInUse(set string) bool {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	unseen := r.unseenLocked(now)
+	for _, l := range r.seen {
+		if l.leaf != nil && now.Before(l.observedAt.Add(l.duration+unseen)) && leafNames(l.leaf.DNSNames, l.leaf.IPAddresses) == set {
+			return true
+		}
+	}
+	for _, h := range r.held {
+		if h.unlisted == set && now.Before(h.seenAt.Add(r.duration+unseen)) {
+			return true
+		}
+	}
+	return false
+}
 
 // ReplicaNames returns the leaf names s lists for its replicas
 // (ReplicaNamesAnnotation), for VerifyAnnouncement.
@@ -45,14 +70,19 @@ func parseReplicaNames(s *corev1.Secret) []string {
 }
 
 // addReplicaNames adds own to sets, newest last, and reports whether sets
-// changed.
-func addReplicaNames(sets *[]string, own string) bool {
+// changed. inUse reports whether a live replica announces a set (nil: none
+// known).
+func addReplicaNames(sets *[]string, own string, inUse func(string) bool) bool {
 	if own == "" || slices.Contains(*sets, own) {
 		return false
 	}
 	*sets = append(*sets, own)
-	if n := len(*sets); n > maxReplicaNameSets {
-		*sets = (*sets)[n-maxReplicaNameSets:]
+	for n := 0; len(*sets) > maxReplicaNameSets && n < len(*sets)-1; {
+		if set := (*sets)[n]; inUse == nil || !inUse(set) {
+			*sets = slices.Delete(*sets, n, n+1)
+			continue
+		}
+		n++
 	}
 	return true
 }

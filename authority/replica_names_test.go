@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/certmetrics"
 )
@@ -45,15 +48,72 @@ func TestReplicasWithDifferentHostsWaitForEachOther(t *testing.T) {
 // at most maxReplicaNameSets of them.
 func TestReplicaNamesList(t *testing.T) {
 	var sets []string
-	require.True(t, addReplicaNames(&sets, "[a] []"))
-	require.False(t, addReplicaNames(&sets, "[a] []"))
-	require.False(t, addReplicaNames(&sets, ""))
+	require.True(t, addReplicaNames(&sets, "[a] []", nil))
+	require.False(t, addReplicaNames(&sets, "[a] []", nil))
+	require.False(t, addReplicaNames(&sets, "", nil))
 	for i := range maxReplicaNameSets + 2 {
-		addReplicaNames(&sets, string(rune('b'+i)))
+		addReplicaNames(&sets, string(rune('b'+i)), nil)
 	}
 	require.Len(t, sets, maxReplicaNameSets)
+
+	// More sets in use than the bound: none in use is dropped, so the
+	// replicas do not take turns dropping each other's (a write each,
+	// for ever); only those no live replica announces go.
+	inUse := func(set string) bool { return set != "unused" }
+	sets = nil
+	for i := range maxReplicaNameSets {
+		addReplicaNames(&sets, fmt.Sprint(i), inUse)
+	}
+	addReplicaNames(&sets, "unused", inUse)
+	require.True(t, addReplicaNames(&sets, "new", inUse))
+	require.Len(t, sets, maxReplicaNameSets+1, "the unused set is dropped, every set in use kept")
+	require.NotContains(t, sets, "unused")
+	for i := range maxReplicaNameSets {
+		require.False(t, addReplicaNames(&sets, fmt.Sprint(i), inUse), "set %d, listed already, written again", i)
+	}
 	s := &corev1.Secret{}
 	writeReplicaNames(sets, s)
 	assert.Equal(t, sets, parseReplicaNames(s))
 	assert.Nil(t, parseReplicaNames(&corev1.Secret{}))
+}
+
+// TestMoreHostSetsThanTheBoundDoNotRewriteTheSecretInTurn: more Authorities
+// with different Hosts on one Secret than ReplicaNamesAnnotation keeps
+// (maxReplicaNameSets). Before, each replica that found its set missing
+// added it and dropped the oldest, another replica's, which then did the
+// same: the Secret was rewritten in turn without end. Sets that a live
+// replica announces are kept now, so the replicas settle.
+func TestMoreHostSetsThanTheBoundDoNotRewriteTheSecretInTurn(t *testing.T) {
+	client := fake.NewClientset()
+	optimistic(client)
+	writes := secretWrites(client)
+	clk := clocktesting.NewFakeClock(testNow)
+	var replicas []*Authority
+	for i := range maxReplicaNameSets + 2 {
+		a := attackAuthority(t, client, clk, fmt.Sprintf("hosts-%d", i), func(c *Config) {
+			c.Hosts = []string{fmt.Sprintf("h%d.example", i)}
+			c.DisableReplicaAnnouncements = false
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.Run(ctx, 1) }()
+		t.Cleanup(func() { cancel(); <-done })
+		waitFor(t, "the leaf", func() bool { return a.Leaf() != nil })
+		replicas = append(replicas, a)
+	}
+	for range 5 {
+		clk.Step(time.Minute)
+		// Two loops per replica (the issuer's and the Lease writer's);
+		// a few writes per replica at most while the clock stands still.
+		settle(t, clk, 2*len(replicas), client, writes, int64(3*len(replicas)), replicas...)
+	}
+	before := writes.Load()
+	for range 10 {
+		clk.Step(time.Minute)
+		settle(t, clk, 2*len(replicas), client, writes, int64(3*len(replicas)), replicas...)
+	}
+	assert.Zero(t, writes.Load()-before, "Secret writes in 10 settled minutes")
+	s, err := client.CoreV1().Secrets("ns").Get(context.Background(), "ca", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Len(t, parseReplicaNames(s), len(replicas), "every set in use is listed")
 }

@@ -874,7 +874,7 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	if v.rejected != nil {
 		r.judgedVersion[l.Name] = version
 		if v.rejected.hold {
-			r.held[l.Name] = heldLease{lease: l, seenAt: seenAt}
+			r.held[l.Name] = heldLease{lease: l, seenAt: seenAt, unlisted: v.rejected.unlisted}
 		} else {
 			delete(r.held, l.Name)
 		}
