@@ -12,8 +12,10 @@ package authority
 import (
 	"container/heap"
 	"context"
+	"crypto"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,6 +44,7 @@ import (
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/pki"
 	"github.com/evercert/evercert/internal/secretwatch"
@@ -171,6 +174,9 @@ type simPlan struct {
 	CALifetime time.Duration
 	Publishers []bool
 	Faults     []simFault
+	// KeyStore: the CA keys are in a key store shared by the replicas
+	// (an HSM, simKeyStore), which "keys" faults make fail.
+	KeyStore bool
 }
 
 func (p simPlan) String() string {
@@ -182,6 +188,9 @@ func (p simPlan) String() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d replicas, publishers [%s], %v CAs, %d faults", p.Seed, p.Replicas, strings.Join(pubs, " "), p.cfg().CALifetime, len(p.Faults))
+	if p.KeyStore {
+		b.WriteString(", CA keys in a key store")
+	}
 	for _, f := range p.Faults {
 		b.WriteString("\n    " + f.String())
 	}
@@ -202,11 +211,11 @@ func simKinds() []string {
 // other faults, still reach the open gaps (simGaps); make simulate and the
 // mutation test draw every kind.
 var simRoutineKinds = []string{
-	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "compromise", "rotate", "forge",
+	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "compromise", "rotate", "forge", "keys",
 }
 
 var simFaultKinds = []string{
-	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown",
+	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown", "keys",
 }
 
 // simDraw draws a plan from seed: 1 to 10 replicas (most runs have few, as
@@ -255,6 +264,13 @@ func simDraw(seed int64, kinds []string) simPlan {
 			f.Arg = fmt.Sprintf("x%d", 1+rng.Intn(12))
 		case "pause", "pubdown":
 			f.Dur = time.Duration(1+rng.Intn(1800)) * time.Second
+		case "keys":
+			// The key store fails for this replica: every call and
+			// signature errs (a token removed, a session lost), or, with
+			// "hang", times out (the timeout's error; the time a hung
+			// call takes is not modelled).
+			f.Dur = time.Duration(1+rng.Intn(1800)) * time.Second
+			f.Arg = []string{"fail", "hang"}[rng.Intn(2)]
 		case "silent":
 			f.Dur = time.Duration(1+rng.Intn(3600)) * time.Second
 		case "clock":
@@ -268,7 +284,7 @@ func simDraw(seed int64, kinds []string) simPlan {
 			f.Arg = (time.Duration(rng.Intn(1001)-500) * time.Millisecond).String()
 		case "api":
 			f.Dur = time.Duration(1+rng.Intn(900)) * time.Second
-			f.Arg = []string{"secrets:get", "secrets:update", "secrets:*", "leases:*", "*:*"}[rng.Intn(5)] + ":" + []string{"500", "429", "403", "409"}[rng.Intn(4)]
+			f.Arg = []string{"secrets:get", "secrets:update", "secrets:*", "leases:*", "*:*"}[rng.Intn(5)] + ":" + []string{"500", "429", "403", "409", "timeout"}[rng.Intn(5)]
 		case "garble":
 			f.Slot = -1
 			f.Arg = []string{"tls.crt", "ca.crt", "tls.key"}[rng.Intn(3)]
@@ -280,6 +296,7 @@ func simDraw(seed int64, kinds []string) simPlan {
 		p.Faults = append(p.Faults, f)
 	}
 	slices.SortStableFunc(p.Faults, func(a, b simFault) int { return int(a.At - b.At) })
+	p.KeyStore = rng.Intn(4) == 0
 	return p
 }
 
@@ -404,6 +421,8 @@ type simWorld struct {
 	target []simBundle
 	// faults in force: api errors per slot, and the quiet time.
 	apiFaults  []simAPIFault
+	// hsm is the key store's content (simKeyStore), by reference.
+	hsm map[string]crypto.Signer
 	quietSince time.Time
 	// unsafe are the CAs some replica counted as an unsafe rotation; the
 	// emergency successors sign by design before every client has them.
@@ -468,7 +487,9 @@ type simSlot struct {
 	// keeps it; a new pod starts a new one).
 	file []simBundle
 	// until: fault windows.
-	pausedUntil, silentUntil, pubDownUntil time.Time
+	pausedUntil, silentUntil, pubDownUntil, keysDownUntil time.Time
+	// keysDown is how the key store fails until keysDownUntil.
+	keysDown string
 }
 
 // simProc is one process of a slot.
@@ -626,6 +647,9 @@ func (w *simWorld) start(s *simSlot) {
 	cfg.Client = cs
 	if s.publisher {
 		cfg.Observers = []Observer{simObserver{w}}
+	}
+	if w.plan.KeyStore {
+		cfg.CAKeys = simKeyStore{w: w, slot: s}
 	}
 	a, err := New(cfg)
 	if err != nil {
@@ -860,10 +884,24 @@ func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.O
 			if verb == "update" {
 				return true, nil, apierrors.NewConflict(gr, "", fmt.Errorf("simulated conflict"))
 			}
+		case "timeout":
+			// A call slower than the client's timeout: a write commits
+			// all the same, and the caller learns only that it timed
+			// out. (How long the call took is not modelled: the
+			// simulated API answers within the event.)
+			if verb == "create" || verb == "update" || verb == "delete" {
+				w.dispatch(a, res, gr)
+			}
+			return true, nil, apierrors.NewTimeoutError("simulated slow call", 1)
 		default:
 			return true, nil, apierrors.NewInternalError(fmt.Errorf("simulated outage"))
 		}
 	}
+	return w.dispatch(a, res, gr)
+}
+
+// dispatch carries out a request that no fault stopped.
+func (w *simWorld) dispatch(a clienttesting.Action, res string, gr schema.GroupResource) (bool, apiruntime.Object, error) {
 	switch res {
 	case "secrets":
 		return w.serveSecret(a, gr)
@@ -1296,6 +1334,8 @@ func (w *simWorld) inject(f simFault) {
 		})
 	case "pubdown":
 		s.pubDownUntil = w.now.Add(f.Dur)
+	case "keys":
+		s.keysDownUntil, s.keysDown = latest(s.keysDownUntil, w.now.Add(f.Dur)), f.Arg
 	case "paste", "garble", "delete", "compromise", "rotate":
 		w.editSecret(f)
 	case "forge":
@@ -1971,3 +2011,67 @@ const (
 )
 
 var simGaps = []string{gapPublisherDown, gapLateConfirmation, gapSamePodRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
+
+// ---- the key store ----------------------------------------------------
+
+// simKeyStore is a key store (an HSM) that the replicas share, as seen by
+// the replica of slot: its calls and signatures fail while a "keys" fault
+// lasts on that slot.
+type simKeyStore struct {
+	w    *simWorld
+	slot *simSlot
+}
+
+func (k simKeyStore) Name() string { return "sim-hsm" }
+
+func (k simKeyStore) down() error {
+	if !k.w.now.Before(k.slot.keysDownUntil) {
+		return nil
+	}
+	if k.slot.keysDown == "hang" {
+		return fmt.Errorf("simulated key store: %w", errCAKeyTimeout)
+	}
+	return errors.New("simulated key store failure: the token is not present")
+}
+
+func (k simKeyStore) NewKey(_ context.Context, kt dynamiccert.KeyType) (crypto.Signer, string, error) {
+	if err := k.down(); err != nil {
+		return nil, "", err
+	}
+	key, err := pki.GenerateKey(pki.KeyType(kt))
+	if err != nil {
+		return nil, "", err
+	}
+	if k.w.hsm == nil {
+		k.w.hsm = map[string]crypto.Signer{}
+	}
+	ref := fmt.Sprintf("sim-key-%d", len(k.w.hsm)+1)
+	k.w.hsm[ref] = key
+	return simKey{k, key}, ref, nil
+}
+
+func (k simKeyStore) FindKey(_ context.Context, ref string) (crypto.Signer, error) {
+	if err := k.down(); err != nil {
+		return nil, err
+	}
+	key, ok := k.w.hsm[ref]
+	if !ok {
+		return nil, fmt.Errorf("key %q is not in the token", ref)
+	}
+	return simKey{k, key}, nil
+}
+
+// simKey is a key of simKeyStore: it signs only while the store answers.
+type simKey struct {
+	store simKeyStore
+	key   crypto.Signer
+}
+
+func (k simKey) Public() crypto.PublicKey { return k.key.Public() }
+
+func (k simKey) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if err := k.store.down(); err != nil {
+		return nil, err
+	}
+	return k.key.Sign(r, digest, opts)
+}
