@@ -314,7 +314,6 @@ func New(cfg Config) (*Authority, error) {
 		store.reads.apiFailing = a.replicas.writeFailing.Load
 		a.replicas.names = leafNames(a.issuer.cfg.dnsNames, a.issuer.cfg.ips)
 		store.ownNames = a.replicas.names
-		store.leaseAges = a.replicas.mergeLeaseAges
 		store.namesInUse = a.replicas.namesInUse
 	}
 	src.Process = func(secret *corev1.Secret) error {
@@ -433,10 +432,6 @@ type secretStore struct {
 	// namesInUse reports whether a live replica announces a set of leaf
 	// names (replicaSet.namesInUse); nil without announcements.
 	namesInUse func(string) bool
-	// leaseAges merges the Secret's record of Leases watched unrenewed
-	// with this replica's watch (replicaSet.mergeLeaseAges); nil without
-	// replica announcements.
-	leaseAges func(read []leaseAge, now time.Time, waiting bool) ([]leaseAge, bool)
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
@@ -514,11 +509,6 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.unsafe = parseUnsafeRecord(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
-	agesGrew := false
-	st.leaseAges = parseLeaseAges(secret)
-	if s.leaseAges != nil {
-		st.leaseAges, agesGrew = s.leaseAges(st.leaseAges, now, st.next != nil)
-	}
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
@@ -540,7 +530,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
 	st = res.state
-	if res.write || namesAdded || agesGrew {
+	if res.write || namesAdded {
 		asRead := secret
 		// The Update carries the resourceVersion read above: a Secret
 		// written meanwhile (another replica, or the other tool still
@@ -735,7 +725,6 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	writeReplicaNames(st.replicaNames, s)
-	writeLeaseAges(st.leaseAges, s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -12,13 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
-
-	"github.com/evercert/evercert/internal/pki"
 )
 
 // rolloutWorld is n Authority replicas on one fake API server and one fake
@@ -34,9 +31,6 @@ type rolloutWorld struct {
 	id   func(r, gen int) string
 	gens []int
 	pods []*rolloutPod
-	// leafWait: start waits for the new process's leaf (not while an
-	// emergency keeps a new process from signing with the compromised CA).
-	leafWait bool
 }
 
 type rolloutPod struct {
@@ -49,7 +43,7 @@ func newRolloutWorld(t *testing.T, n int, delay time.Duration, id func(r, gen in
 	client := fake.NewClientset()
 	optimistic(client)
 	w := &rolloutWorld{t: t, client: client, clk: clocktesting.NewFakeClock(testNow), delay: delay, id: id,
-		gens: make([]int, n), pods: make([]*rolloutPod, n), leafWait: true}
+		gens: make([]int, n), pods: make([]*rolloutPod, n)}
 	t.Cleanup(func() {
 		for r := range w.pods {
 			w.stop(r)
@@ -81,9 +75,7 @@ func (w *rolloutWorld) start(r int) {
 		a.Run(ctx, 1)
 	}()
 	w.pods[r] = p
-	if w.leafWait {
-		waitFor(w.t, "the new process's leaf", func() bool { return a.Leaf() != nil })
-	}
+	waitFor(w.t, "the new process's leaf", func() bool { return a.Leaf() != nil })
 }
 
 // stop ends replica r's process gracefully (its Run's context ends) and
@@ -290,90 +282,4 @@ func TestReplicaIDFromPodName(t *testing.T) {
 		}
 		crashed.Store(false)
 	}
-}
-
-// TestKilledReplicasLeaseAgesOutThroughRollouts: replica r1 is killed
-// (SIGKILL: its Lease stays), the signing CA is marked compromised, and r0's
-// process is replaced every 5/6 of a lease duration from then on (a
-// Deployment that keeps rolling out, or a crash loop). A process counts a
-// Lease it sees for the first time as live for a lease duration (the
-// default skew tolerance exceeds a renewal interval), so before, no process
-// of r0 ever lived long enough to see the dead Lease expire: the emergency
-// waited for the dead r1 for as long as the rollouts went on, and the
-// compromised CA kept signing. The replicas now record in the Secret how
-// long they watched the Lease go unrenewed (LeaseAgesAnnotation), and the
-// next process goes on from there.
-func TestKilledReplicasLeaseAgesOutThroughRollouts(t *testing.T) {
-	w := newRolloutWorld(t, 2, 35*time.Minute, func(r, gen int) string { return fmt.Sprintf("web-r%d-g%d", r, gen) })
-	d := w.live()[0].Config().LeaseDuration
-	require.Greater(t, w.live()[0].Config().SkewTolerance, d/3, "the test needs a first sight that counts a whole lease duration")
-	dead := replicaLeaseName("ca", "web-r1-g0")
-	var killed atomic.Bool
-	for _, verb := range []string{"update", "delete"} {
-		w.client.PrependReactor(verb, "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
-			name := ""
-			switch a := a.(type) {
-			case clienttesting.UpdateAction:
-				name = a.GetObject().(*coordinationv1.Lease).Name
-			case clienttesting.DeleteAction:
-				name = a.GetName()
-			}
-			if killed.Load() && name == dead {
-				return true, nil, errors.New("the process was killed")
-			}
-			return false, nil, nil
-		})
-	}
-	killed.Store(true)
-	w.stop(1)
-	_, err := w.client.Tracker().Get(leaseGVR, "ns", dead)
-	require.NoError(t, err, "the killed replica's Lease")
-
-	bad, _, _ := w.secretCAs()
-	badCA, err := pki.ParseCABundle(bad)
-	require.NoError(t, err)
-	obj, err := w.client.Tracker().Get(secretGVR, "ns", "ca")
-	require.NoError(t, err)
-	s := obj.(*corev1.Secret).DeepCopy()
-	s.Annotations[CompromisedCAAnnotation] = Fingerprint(badCA[0])
-	s.Annotations[CompromisedReasonAnnotation] = "key leaked in a backup"
-	s.Annotations[CompromisedAtAnnotation] = w.clk.Now().UTC().Format(time.RFC3339)
-	_, err = w.client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	w.settle()
-	w.leafWait = false
-
-	rollEvery := d * 5 / 6
-	for rolls := 0; ; rolls++ {
-		require.Less(t, rolls, 12, "the emergency still waits after %d rollouts (%v): r0's process waits for %v",
-			rolls, time.Duration(rolls)*rollEvery, w.pendingForSuccessor())
-		for step := time.Duration(0); step < rollEvery; step += 10 * time.Second {
-			w.step(10 * time.Second)
-		}
-		if signing, _, _ := w.secretCAs(); !bytes.Equal(signing, bad) {
-			t.Logf("the emergency completed after %d rollouts of r0 (%v after the mark); the dead Lease was recorded as %q",
-				rolls, time.Duration(rolls+1)*rollEvery, w.secretAnnotation(LeaseAgesAnnotation))
-			break
-		}
-		w.restart(0)
-	}
-	require.Zero(t, w.pods[0].a.Status().UnsafeRotations, "the emergency was counted unsafe")
-}
-
-// pendingForSuccessor is what replica r0's process waits for before the
-// Secret's successor may sign.
-func (w *rolloutWorld) pendingForSuccessor() []string {
-	_, next, _ := w.secretCAs()
-	if len(next) == 0 {
-		return nil
-	}
-	cas, err := pki.ParseCABundle(next)
-	require.NoError(w.t, err)
-	return w.pods[0].a.replicas.pending(cas[0])
-}
-
-func (w *rolloutWorld) secretAnnotation(key string) string {
-	obj, err := w.client.Tracker().Get(secretGVR, "ns", "ca")
-	require.NoError(w.t, err)
-	return obj.(*corev1.Secret).Annotations[key]
 }

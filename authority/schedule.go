@@ -66,9 +66,6 @@ type caSet struct {
 	// replicaNames are the leaf names the replicas sharing the Secret
 	// announce (Authority only; see replica_names.go).
 	replicaNames []string
-	// leaseAges is the record of peers' Leases watched unrenewed
-	// (Authority only; see lease_ages.go).
-	leaseAges []leaseAge
 }
 
 // signingEnds is when the signing CA stops being able to serve: its
@@ -85,7 +82,6 @@ func (cs *caSet) signingEnds() time.Time {
 func (cs *caSet) clone() caSet {
 	c := *cs
 	c.bundle = slices.Clone(cs.bundle)
-	c.leaseAges = slices.Clone(cs.leaseAges)
 	return c
 }
 

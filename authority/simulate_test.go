@@ -420,9 +420,9 @@ type simWorld struct {
 	// target is the caBundle target's content over time (fingerprints).
 	target []simBundle
 	// faults in force: api errors per slot, and the quiet time.
-	apiFaults  []simAPIFault
+	apiFaults []simAPIFault
 	// hsm is the key store's content (simKeyStore), by reference.
-	hsm map[string]crypto.Signer
+	hsm        map[string]crypto.Signer
 	quietSince time.Time
 	// unsafe are the CAs some replica counted as an unsafe rotation; the
 	// emergency successors sign by design before every client has them.
