@@ -38,7 +38,7 @@ type Certs struct {
 // to the sni controller's and changes nothing else, so the framework's
 // client authentication, version floor and ALPN stay in force. Do not set
 // GetConfigForClient on a framework's config: Go would then use evercert's
-// config for the whole handshake (see the README). Add already appends it
+// config for the whole handshake (see docs/embedding.md). Add already appends it
 // to the manager's default webhook server.
 func (c *Certs) TLSOpts() func(*tls.Config) { return c.ctrl.SetGetCertificate }
 

@@ -16,7 +16,7 @@ const EventsReportingController = "evercert.io/server"
 
 // eventSink sends the Events of the providers Build makes from a Secret
 // (--tls-secret, --ca-secret) to the API server, about the Secret, in its
-// namespace: the README's CertificateLoadFailed, ClockSkew,
+// namespace: docs/operating.md's CertificateLoadFailed, ClockSkew,
 // EmergencyCARotation, CARequestIgnored and the others. It starts with the
 // first RunOnce or Run, so that what the first load reports is sent, and
 // stops once Run has returned (or a RunOnce failed, or Serve returned):

@@ -4,7 +4,7 @@
 // evercert: rotator.AddRotator, the IsReady channel that holds the webhook
 // registration back, and the webhook server reading the certificate from
 // CertDir, where the Deployment must mount the Secret. It exists to be
-// compiled and counted: the README compares the lines between the
+// compiled and counted: docs/embedding.md compares the lines between the
 // "cert-controller:begin" and "cert-controller:end" markers with those
 // between evercert's markers in the operator's main.go
 // (TestREADMELinesOfCode in controllerruntime/example/operator). It is its
