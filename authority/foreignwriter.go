@@ -1,0 +1,161 @@
+package authority
+
+import (
+	"crypto/x509"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
+)
+
+// foreignWriter is the part of the rotation machine (machine.step) that
+// tells the rotator an Authority adopted from (Config.Adopt) still writing
+// the Secret: a rolling update straight from the old tool's pods to
+// evercert's keeps the old pods rotating while the new ones start. A
+// foreign rewrite is a read of the Secret in the adopted layout whose
+// signing CA this process never had in force, after it adopted or wrote
+// the Secret (it has a last state). Adopting each one, as any adoption
+// does, fights the old rotator (OPA cert-controller regenerates its CA as
+// soon as the Secret lacks ca.key, that is, at once after each adoption)
+// and keeps every CA it made in ca.crt until it expires (ten years at
+// cert-controller's defaults): issue 27 saw 333 of them.
+//
+// While the rewrites go on (hold), the replica adopts nothing and writes
+// nothing: it keeps serving the state it had in force, reports Stalled with
+// the reason (RotationStatus.ForeignWriter), fails the ca-rotation
+// readiness check, sends one Warning Event per episode and counts every
+// rewrite (evercert_ca_secret_foreign_rewrites_total).
+//
+// The rewrites have stopped once the Secret has held the same foreign CA
+// for quiet, one check interval on this process's clock. A stopped writer
+// is told apart from a running one that is between two rewrites only by
+// waiting; a longer wait (the propagation delay, days) would keep every
+// replica NotReady long after the old pods are gone, and a shorter one
+// (the API latency) is the fight this prevents. A rotator that still runs
+// after that (it rotates only on its own schedule, or it answers the
+// adoption with a rewrite, as cert-controller does) starts a new episode:
+// each costs one adoption per check interval, and no CA piles up (below).
+//
+// Then the replica adopts once (trim): ca.crt keeps the adopted CA (which
+// signs, and which the old rotator's last leaf chains to: its pods may
+// serve that leaf until they are gone), the CA this replica signed with
+// before (the leaves the Authority's replicas served during the overlap
+// chain to it), the CA of the leaf this replica serves if that is another,
+// and a successor if the Secret publishes one; not every CA this replica
+// ever knew, which restore writes back after a rollback. A replica that
+// reads the adoption another replica wrote keeps the same rule.
+type foreignWriter struct {
+	name, key string
+	layout    SecretLayout
+	quiet     time.Duration
+	report    *reporter
+
+	mu sync.Mutex
+	// seen is the fingerprint of the foreign CA last read, since when this
+	// process first read it.
+	seen  string
+	since time.Time
+	// active: an episode goes on (held, or adopting after it until a
+	// check settles).
+	active bool
+	// why is the Stalled reason while held, "" otherwise.
+	why string
+}
+
+// foreignWriterHold is step's answer while another writer keeps rewriting
+// the Secret: nothing is decided or written, and the check is due again
+// after retryIn.
+type foreignWriterHold struct {
+	reason  string
+	retryIn time.Duration
+}
+
+func (h *foreignWriterHold) Error() string { return h.reason }
+
+// knows reports whether c is a CA of st (signing, successor or bundle).
+func (st *caSet) knows(c *x509.Certificate) bool {
+	return st.signing != nil && st.signing.Cert.Equal(c) || st.next != nil && st.next.Cert.Equal(c) || containsCert(st.bundle, c)
+}
+
+// decide says whether this read is held (a foreign rewrite less than quiet
+// ago), and else whether it ends an episode (trim: keep only the CAs a
+// served leaf needs).
+func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := in.read
+	if !in.adopted || in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) {
+		// Our layout (ours, or a peer's adoption), the first adoption of
+		// this process, or a rollback to content it knew (restore's).
+		return nil, w.active
+	}
+	now := in.now
+	fp := Fingerprint(st.signing.Cert)
+	if fp != w.seen {
+		w.seen, w.since = fp, now
+		certmetrics.ForeignRewrite(w.name)
+		w.why = fmt.Sprintf("another writer keeps rewriting CA secret %s in the %s layout (CA %q, read at %s) after this Authority adopted it: the old rotator still runs; "+
+			"serving the last good content and adopting nothing until the Secret is left alone for %v",
+			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.quiet)
+		if !w.active {
+			w.active = true
+			klog.Background().Info("Another writer keeps rewriting the CA secret; holding", "provider", w.name, "secret", w.key, "layout", string(w.layout), "caSerial", serial(st.signing.Cert))
+			w.report.Event(corev1.EventTypeWarning, dynamiccert.ReasonForeignCASecretWriter, certreport.ActionLoad,
+				fmt.Sprintf("CA secret %s: %s. Stop the old rotator (remove it from the old pods, or scale them down).", w.key, w.why))
+		} else {
+			klog.Background().V(2).Info("CA secret rewritten by another writer again", "provider", w.name, "secret", w.key, "caSerial", serial(st.signing.Cert))
+		}
+	}
+	if left := w.since.Add(w.quiet).Sub(now); left > 0 {
+		return &foreignWriterHold{reason: w.why, retryIn: left}, false
+	}
+	w.why = ""
+	return nil, true
+}
+
+// settled records a check that decided without holding: an episode is
+// over once its adoption (or a peer's) is in force.
+func (w *foreignWriter) settled() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	if w.active {
+		klog.Background().Info("The CA secret is left alone again; adopted once", "provider", w.name, "secret", w.key)
+	}
+	w.active, w.why, w.seen = false, "", ""
+	w.mu.Unlock()
+}
+
+// reason is the Stalled reason while another writer keeps rewriting the
+// Secret, "" otherwise.
+func (w *foreignWriter) reason() string {
+	if w == nil {
+		return ""
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.why
+}
+
+// neededAfter is what a trimmed adoption keeps of last besides the Secret
+// as read: the CA this replica signed with and the CA of the leaf it serves.
+func neededAfter(last *caSet, serving *x509.Certificate) []*x509.Certificate {
+	keep := make([]*x509.Certificate, 0, 2)
+	if last.signing != nil {
+		keep = append(keep, last.signing.Cert)
+	}
+	if serving != nil && !containsCert(keep, serving) {
+		keep = append(keep, serving)
+	}
+	return keep
+}
