@@ -127,8 +127,13 @@ func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
 			for _, want := range []string{"another writer keeps rewriting", "ns/ca", string(LayoutCertController)} {
 				require.Contains(t, err.Error(), want, r.Name())
 			}
-			require.Equal(t, bundleAtStart, countCerts(t, r.CurrentCABundleContent()), "%s: ca.crt does not grow with each rewrite", r.Name())
+			bundle := r.CurrentCABundleContent()
+			require.Equal(t, bundleAtStart+1, countCerts(t, bundle), "%s: ca.crt does not grow with each rewrite (it adds the old rotator's current CA only)", r.Name())
 			require.NoError(t, handshakeWith(t, r, first.ca.CertPEM, clk.Now), "%s keeps serving a leaf of the CA clients trust", r.Name())
+			require.NoError(t, handshakeWith(t, r, bundle, clk.Now), "%s's leaf verifies with the bundle it publishes", r.Name())
+			oldPod, err := dynamiccertificates.NewStaticCertKeyContent("old-pod", old.latest.leaf.CertPEM, old.latest.leaf.KeyPEM)
+			require.NoError(t, err)
+			require.NoError(t, handshakeWith(t, oldPod, bundle, clk.Now), "the old rotator's current leaf verifies with %s's bundle: its publisher never takes that trust away", r.Name())
 		}
 		clk.Step(20 * time.Second)
 	}

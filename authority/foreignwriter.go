@@ -3,6 +3,7 @@ package authority
 import (
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,7 +28,12 @@ import (
 // cert-controller's defaults): issue 27 saw 333 of them.
 //
 // While the rewrites go on (hold), the replica adopts nothing and writes
-// nothing: it keeps serving the state it had in force, reports Stalled with
+// nothing: it keeps serving the state it had in force, with one CA added to
+// the bundle it publishes: the old rotator's CA now in the Secret, which
+// its pods serve leaves of (and which it injects into the caBundles
+// itself), so that a caBundle publisher of this replica's never takes that
+// trust away from them while they still serve. Only the current one is
+// added, never one per rewrite. It reports Stalled with
 // the reason (RotationStatus.ForeignWriter), fails the ca-rotation
 // readiness check, sends one Warning Event per episode and counts every
 // rewrite (evercert_ca_secret_foreign_rewrites_total).
@@ -74,6 +80,9 @@ type foreignWriter struct {
 type foreignWriterHold struct {
 	reason  string
 	retryIn time.Duration
+	// serve is the state to serve meanwhile: the last one in force, its
+	// bundle with the other writer's current CA.
+	serve *caSet
 }
 
 func (h *foreignWriterHold) Error() string { return h.reason }
@@ -116,7 +125,12 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		}
 	}
 	if left := w.since.Add(w.quiet).Sub(now); left > 0 {
-		return &foreignWriterHold{reason: w.why, retryIn: left}, false
+		serve := in.last.clone()
+		serve.bundle = slices.Clone(serve.bundle)
+		if !containsCert(serve.bundle, st.signing.Cert) {
+			serve.bundle = append(serve.bundle, st.signing.Cert)
+		}
+		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false
 	}
 	w.why = ""
 	return nil, true

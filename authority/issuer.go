@@ -331,11 +331,19 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 			i.cfg.name, i.conflictSince.UTC().Format(time.RFC3339), err))
 	case errors.As(err, &held):
 		// Another writer keeps rewriting the Secret: what this replica
-		// has stays in force (renewed from the CA in memory when due) and
+		// has stays in force (renewed from the CA in memory when due), its
+		// bundle with the other writer's current CA (foreignWriter), and
 		// the hold is reported in Status (ForeignWriter), not as a failed
 		// check. Looked at again when the Secret changes, and once it has
 		// been left alone long enough to adopt.
-		i.keepServing(now)
+		i.mu.RLock()
+		ok := i.hasState && i.skew == ""
+		i.mu.RUnlock()
+		if ok && held.serve.signing != nil && i.sched.valid(held.serve.signing.Cert, now) {
+			if err := i.adopt(held.serve, now, true); err != nil {
+				klog.Background().Error(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
+			}
+		}
 		i.report.succeeded()
 		return min(held.retryIn, i.cfg.checkInterval), nil
 	case errors.As(err, &skew):
