@@ -183,7 +183,7 @@ image:
 ## observed CA rotation. test/migrate is its own module, so the library takes
 ## none of the tools' dependencies. Fails if a test did not run.
 ## -race stays: the adopting Authority replicas run in the test process.
-MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative
+MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative TestMigrateFromCertControllerWhileItRotates
 test-migrate: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/migrate && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/migrate.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./...

@@ -21,36 +21,40 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// certControllerRotator stands in for OPA cert-controller's rotator in a
-// pod that has not been replaced yet: each rewrite makes a new CA and a
-// leaf it signed, as cert-controller's refreshCerts(true) does (NotBefore
-// an hour back, ten years of validity: its defaults), and writes them over
-// cert-controller's four keys with an Update of the Secret as read,
-// leaving every other key and annotation as they are.
-type certControllerRotator struct {
+// oldRotator stands in for the rotator adopted from, in a pod that has not
+// been replaced yet: each rewrite makes a new CA and a leaf it signed, as
+// cert-controller's refreshCerts(true) does (NotBefore an hour back, ten
+// years of validity: its defaults) or cert-manager's DynamicAuthority's
+// regenerateCA, and writes them over the tool's keys with an Update of the
+// Secret as read, leaving every other key and annotation as they are.
+type oldRotator struct {
 	t      *testing.T
 	client *fake.Clientset
 	clk    *clocktesting.FakeClock
+	layout SecretLayout
 	n      int
 	latest foreignCA
 }
 
-func (r *certControllerRotator) make() map[string][]byte {
+func (r *oldRotator) make() map[string][]byte {
 	r.t.Helper()
 	r.n++
 	const tenYears = 10 * 365 * 24 * time.Hour
 	now := r.clk.Now()
-	ca, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("cert-controller-ca-%d", r.n), KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: tenYears})
+	ca, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("%s-ca-%d", r.layout, r.n), KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: tenYears})
 	require.NoError(r.t, err)
 	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: tenYears})
 	require.NoError(r.t, err)
 	r.latest = foreignCA{ca: ca, leaf: leaf}
+	if r.layout == LayoutCertManager {
+		return r.latest.certManager()
+	}
 	return r.latest.certController()
 }
 
 // rewrite writes a new CA and leaf; a conflict is read again and retried,
 // as cert-controller's backoff does.
-func (r *certControllerRotator) rewrite() {
+func (r *oldRotator) rewrite() {
 	r.t.Helper()
 	data := r.make()
 	for range 10 {
@@ -76,8 +80,9 @@ func countCerts(t *testing.T, bundle []byte) int {
 }
 
 // TestAdoptWhileOldRotatorStillWrites is issue 27 §8 bullet 1: a rolling
-// update straight from cert-controller AddRotator pods to evercert, so the
-// old rotator keeps rewriting the Secret (a new CA and leaf every 20 fake
+// update straight from cert-controller AddRotator pods (or cert-manager's
+// webhook with its DynamicAuthority) to evercert, so the old rotator keeps
+// rewriting the Secret (a new CA and leaf every 20 fake
 // seconds) after two evercert replicas adopted it. Each replica must stop
 // adopting: it keeps serving what it has, reports Stalled with a reason
 // naming the Secret and the layout, fails the ca-rotation readiness check,
@@ -86,19 +91,38 @@ func countCerts(t *testing.T, bundle []byte) int {
 // holds at most three CAs, and both the replicas' leaves and the old
 // rotator's last leaf verify against it in real TLS handshakes.
 func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
+	for _, layout := range []SecretLayout{LayoutCertController, LayoutCertManager} {
+		t.Run(string(layout), func(t *testing.T) { testAdoptWhileOldRotatorStillWrites(t, layout) })
+	}
+}
+
+func testAdoptWhileOldRotatorStillWrites(t *testing.T, layout SecretLayout) {
 	clk := clocktesting.NewFakeClock(testNow)
 	client := fake.NewClientset()
-	old := &certControllerRotator{t: t, client: client, clk: clk}
+	old := &oldRotator{t: t, client: client, clk: clk, layout: layout}
+	// written reports that a replica wrote the Secret (adopted it) since
+	// the old rotator's last rewrite: cert-controller's ca.key is gone,
+	// or ca.crt holds more than cert-manager's one CA.
+	written := func() bool {
+		s := getSecret(t, client)
+		if layout == LayoutCertManager {
+			return countCerts(t, s.Data["ca.crt"]) > 1
+		}
+		_, cc := s.Data["ca.key"]
+		return !cc
+	}
 	_, err := client.CoreV1().Secrets("ns").Create(context.Background(), opaqueSecret(old.make()), metav1.CreateOptions{})
 	require.NoError(t, err)
 	optimistic(client)
 	first := old.latest
 	recA, recB := certreporttest.NewRecorder(), certreporttest.NewRecorder()
-	a := runAdopting(t, client, clk, "overlap-a", LayoutCertController, func(c *Config) { c.DisableReplicaAnnouncements, c.EventRecorder = false, recA })
-	b := runAdopting(t, client, clk, "overlap-b", LayoutCertController, func(c *Config) { c.DisableReplicaAnnouncements, c.EventRecorder = false, recB })
+	a := runAdopting(t, client, clk, "overlap-a-"+string(layout), layout, func(c *Config) { c.DisableReplicaAnnouncements, c.EventRecorder = false, recA })
+	b := runAdopting(t, client, clk, "overlap-b-"+string(layout), layout, func(c *Config) { c.DisableReplicaAnnouncements, c.EventRecorder = false, recB })
 	replicas := []*Authority{a, b}
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })
-	waitFor(t, "the adoption", func() bool { _, cc := getSecret(t, client).Data["ca.key"]; return !cc })
+	if layout == LayoutCertController {
+		waitFor(t, "the adoption", written)
+	}
 	waitWaiters(t, clk, 2)
 	require.NoError(t, a.Leaf().CheckSignatureFrom(first.ca.Cert), "cert-controller's CA signs after the adoption")
 	bundleAtStart := countCerts(t, getSecret(t, client).Data["ca.crt"])
@@ -115,8 +139,7 @@ func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
 		// Each replica has read the rewrite once it counted it; on a
 		// replica that adopts it instead, once ca.key is gone again.
 		waitFor(t, fmt.Sprintf("both replicas to read rewrite %d", k), func() bool {
-			_, cc := getSecret(t, client).Data["ca.key"]
-			return !cc || rewrites(a)-before[a] >= float64(k) && rewrites(b)-before[b] >= float64(k)
+			return written() || rewrites(a)-before[a] >= float64(k) && rewrites(b)-before[b] >= float64(k)
 		})
 		for _, r := range replicas {
 			s := r.Status()
@@ -124,7 +147,7 @@ func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
 			require.Equal(t, PhaseStalled, s.Phase, r.Name())
 			err := RotationCheck(r).Check(nil)
 			require.Error(t, err, "%s: readiness fails while the old rotator keeps writing", r.Name())
-			for _, want := range []string{"another writer keeps rewriting", "ns/ca", string(LayoutCertController)} {
+			for _, want := range []string{"another writer keeps rewriting", "ns/ca", string(layout)} {
 				require.Contains(t, err.Error(), want, r.Name())
 			}
 			bundle := r.CurrentCABundleContent()
@@ -163,8 +186,7 @@ func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
 		clk.Step(10 * time.Second)
 		waitWaiters(t, clk, 2)
 		s := getSecret(t, client)
-		_, cc := s.Data["ca.key"]
-		if !cc && !a.Status().Stalled && !b.Status().Stalled && string(s.Data["tls.crt"]) == string(last.ca.CertPEM) {
+		if written() && !a.Status().Stalled && !b.Status().Stalled && string(s.Data["tls.crt"]) == string(last.ca.CertPEM) {
 			break
 		}
 	}

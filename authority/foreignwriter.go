@@ -92,6 +92,26 @@ func (st *caSet) knows(c *x509.Certificate) bool {
 	return st.signing != nil && st.signing.Cert.Equal(c) || st.next != nil && st.next.Cert.Equal(c) || containsCert(st.bundle, c)
 }
 
+// rewritten reports whether the Secret as read is a foreign rewrite: in
+// the adopted layout, with a signing CA this process never had, after it
+// had a state in force. Anything else is the Authority's own layout (its
+// own write, or a peer's adoption), this process's first adoption, or a
+// rollback to content it knew (restore's).
+func (w *foreignWriter) rewritten(in stepInput) bool {
+	st := in.read
+	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) {
+		return false
+	}
+	if w.layout == LayoutCertManager {
+		// cert-manager's layout is the Authority's: its DynamicAuthority's
+		// rewrite is a new CA written to tls.crt and to ca.crt alone
+		// (other keys stay), which an Authority never writes (its ca.crt
+		// keeps every CA still trusted).
+		return len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
+	}
+	return in.adopted
+}
+
 // decide says whether this read is held (a foreign rewrite less than quiet
 // ago), and else whether it ends an episode (trim: keep only the CAs a
 // served leaf needs).
@@ -102,9 +122,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := in.read
-	if !in.adopted || in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) {
-		// Our layout (ours, or a peer's adoption), the first adoption of
-		// this process, or a rollback to content it knew (restore's).
+	if !w.rewritten(in) {
 		return nil, w.active
 	}
 	now := in.now

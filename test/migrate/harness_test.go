@@ -376,3 +376,81 @@ func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() boo
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// migrateWhileOldRuns is migrate with the old tool still running while the
+// replicas start, as a rolling update straight from the old tool's pods
+// does: for overlap, the old tool keeps writing its Secret (rewrites
+// counts its rewrites) and its caBundle, the front keeps serving the old
+// pods (the replicas fail their ca-rotation readiness check, so a Service
+// would send them nothing), and every replica must report the other writer
+// (Stalled, ForeignWriter, readiness) without ca.crt growing. Then the old
+// tool stops (stopOld), the replicas adopt its last CA once and are ready
+// again, the front switches to them and the first observed CA rotation
+// runs. 0 failed calls across the whole run, at most three CAs in ca.crt at
+// the end.
+func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, overlap time.Duration, rewrites func() int64, stopOld func()) {
+	e.t.Helper()
+	require.NotEmpty(e.t, e.caBundle(), "%s injected no caBundle", tool)
+	l := e.startLoad()
+	waitUntil(e.t, "calls through the old tool", time.Minute, func() bool { n, _ := l.counts(); return n >= 20 })
+	okBefore, failedBefore := l.counts()
+	rewritesBefore := rewrites()
+
+	rs := e.startReplicas(2, layout)
+	reported := map[string]string{}
+	maxCAs := 0
+	for end := time.Now().Add(overlap); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for _, r := range rs {
+			st := r.a.Status()
+			if st.ForeignWriter != "" {
+				reported[r.a.Name()] = st.ForeignWriter
+				require.True(e.t, st.Stalled, "%s: Stalled while %s keeps writing", r.a.Name(), tool)
+				require.Error(e.t, authority.RotationCheck(r.a).Check(nil), "%s: readiness fails while %s keeps writing", r.a.Name(), tool)
+			}
+			maxCAs = max(maxCAs, len(parsePEM(e.t, r.a.CurrentCABundleContent())))
+		}
+		s, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+		require.NoError(e.t, err)
+		if len(s.Data["ca.crt"]) > 0 {
+			maxCAs = max(maxCAs, len(parsePEM(e.t, s.Data["ca.crt"])))
+		}
+	}
+	rewritten := rewrites() - rewritesBefore
+	require.Positive(e.t, rewritten, "%s never rewrote the Secret during the overlap", tool)
+	for _, r := range rs {
+		require.Contains(e.t, reported[r.a.Name()], "another writer keeps rewriting", "%s never reported %s's rewrites", r.a.Name(), tool)
+	}
+	okOverlap, failedOverlap := l.counts()
+
+	stopOld()
+	var adopted *x509.Certificate
+	waitUntil(e.t, "the replicas to adopt the Secret once the old tool stopped, and be ready", 3*time.Minute, func() bool {
+		for _, r := range rs {
+			if r.a.Leaf() == nil || authority.RotationCheck(r.a).Check(nil) != nil {
+				return false
+			}
+		}
+		s, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+		require.NoError(e.t, err)
+		if _, cc := s.Data["ca.key"]; cc || len(s.Data["tls.crt"]) == 0 {
+			return false
+		}
+		adopted = parsePEM(e.t, s.Data["tls.crt"])[0]
+		return true
+	})
+	e.switchTo(rs)
+	okSwitch, failedSwitch := l.counts()
+	e.waitForRotation(rs, adopted)
+	l.stop()
+	okAll, failedAll := l.counts()
+
+	after, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+	require.NoError(e.t, err)
+	n := len(parsePEM(e.t, after.Data["ca.crt"]))
+	e.t.Logf("%s migration with %s still writing: %d rewrites by %s in the overlap, at most %d CAs in a bundle then, %d in ca.crt at the end; calls before the replicas started: %d ok, %d failed; during the overlap: %d ok, %d failed; from stopping %s to evercert serving: %d ok, %d failed; through the first observed CA rotation: %d ok, %d failed; total %d ok, %d failed",
+		tool, tool, rewritten, tool, maxCAs, n, okBefore, failedBefore, okOverlap-okBefore, failedOverlap-failedBefore, tool, okSwitch-okOverlap, failedSwitch-failedOverlap, okAll-okSwitch, failedAll-failedSwitch, okAll, failedAll)
+	require.LessOrEqual(e.t, n, 3, "ca.crt keeps only the CAs a served leaf needs")
+	require.LessOrEqual(e.t, maxCAs, 3, "no bundle grows with the old tool's rewrites")
+	require.Contains(e.t, string(after.Data["ca.crt"]), string(pemOf(adopted)), "the CA adopted after the overlap left ca.crt before it expired")
+	require.Zero(e.t, failedAll, "failed webhook calls: %s", l.errors())
+}
