@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
@@ -290,7 +291,7 @@ func New(cfg Config) (*Authority, error) {
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
 		repair: &secretRepair{name: cfg.Name, key: src.Key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
 	if cfg.Adopt != LayoutEvercert {
-		store.writer = &foreignWriter{name: cfg.Name, key: src.Key, layout: cfg.Adopt, quiet: cfg.CheckInterval,
+		store.writer = &foreignWriter{name: cfg.Name, key: src.Key, layout: cfg.Adopt, quiet: backoff.New(cfg.CheckInterval, 10*cfg.CheckInterval),
 			report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}
 	}
 	a := &Authority{cfg: cfg, store: store}
@@ -602,7 +603,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	last := st.clone()
 	s.last = &last
-	s.writer.settled()
+	s.writer.settled(now)
 	return res, nil
 }
 

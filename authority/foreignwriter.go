@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certreport"
 )
@@ -39,28 +40,33 @@ import (
 // rewrite (evercert_ca_secret_foreign_rewrites_total).
 //
 // The rewrites have stopped once the Secret has held the same foreign CA
-// for quiet, one check interval on this process's clock. A stopped writer
-// is told apart from a running one that is between two rewrites only by
-// waiting; a longer wait (the propagation delay, days) would keep every
-// replica NotReady long after the old pods are gone, and a shorter one
-// (the API latency) is the fight this prevents. A rotator that still runs
-// after that (it rotates only on its own schedule, or it answers the
-// adoption with a rewrite, as cert-controller does) starts a new episode:
-// each costs one adoption per check interval, and no CA piles up (below).
+// for a quiet period on this process's clock: one check interval for an
+// episode that starts long after the last one. A stopped writer is told
+// apart from a running one that is between two rewrites only by waiting; a
+// longer wait (the propagation delay, days) would keep every replica
+// NotReady long after the old pods are gone, and a shorter one (the API
+// latency) is the fight this prevents. A rotator that still runs after
+// that (it rotates only on its own schedule, or it answers the adoption
+// with a rewrite, as cert-controller does) starts a new episode, and each
+// such adoption costs its pods a CA swap (cert-controller injects its new
+// CA alone), so the quiet period backs off (internal/backoff: doubling,
+// jittered, up to ten check intervals) while episodes follow each other
+// within that cap; no CA piles up meanwhile (below).
 //
 // Then the replica adopts once (trim): ca.crt keeps the adopted CA (which
 // signs, and which the old rotator's last leaf chains to: its pods may
-// serve that leaf until they are gone), the CA this replica signed with
-// before (the leaves the Authority's replicas served during the overlap
-// chain to it), the CA of the leaf this replica serves if that is another,
-// and a successor if the Secret publishes one; not every CA this replica
-// ever knew, which restore writes back after a rollback. A replica that
-// reads the adoption another replica wrote keeps the same rule.
+// serve that leaf until they are gone), the CA of the leaf this replica
+// serves (the leaves the Authority's replicas served during the overlap
+// chain to it; each replica brings back its own), and a successor if the
+// Secret publishes one; not every CA this replica ever knew, which restore
+// writes back after a rollback. A replica that reads the adoption another
+// replica wrote keeps the same rule.
 type foreignWriter struct {
 	name, key string
 	layout    SecretLayout
-	quiet     time.Duration
 	report    *reporter
+	// quiet hands out the quiet period of each episode; see above.
+	quiet *backoff.Backoff
 
 	mu sync.Mutex
 	// seen is the fingerprint of the foreign CA last read, since when this
@@ -70,6 +76,10 @@ type foreignWriter struct {
 	// active: an episode goes on (held, or adopting after it until a
 	// check settles).
 	active bool
+	// wait is the current episode's quiet period; adopted is when the
+	// last episode ended in an adoption.
+	wait    time.Duration
+	adopted time.Time
 	// why is the Stalled reason while held, "" otherwise.
 	why string
 }
@@ -130,9 +140,15 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	if fp != w.seen {
 		w.seen, w.since = fp, now
 		certmetrics.ForeignRewrite(w.name)
+		if !w.active {
+			if w.adopted.IsZero() || now.Sub(w.adopted) >= w.quiet.Cap() {
+				w.quiet.Reset() // not an answer to the last adoption
+			}
+			w.wait = w.quiet.Next(nil)
+		}
 		w.why = fmt.Sprintf("another writer keeps rewriting CA secret %s in the %s layout (CA %q, read at %s) after this Authority adopted it: the old rotator still runs; "+
 			"serving the last good content and adopting nothing until the Secret is left alone for %v",
-			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.quiet)
+			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.wait.Round(time.Second))
 		if !w.active {
 			w.active = true
 			klog.Background().Info("Another writer keeps rewriting the CA secret; holding", "provider", w.name, "secret", w.key, "layout", string(w.layout), "caSerial", serial(st.signing.Cert))
@@ -142,7 +158,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 			klog.Background().V(2).Info("CA secret rewritten by another writer again", "provider", w.name, "secret", w.key, "caSerial", serial(st.signing.Cert))
 		}
 	}
-	if left := w.since.Add(w.quiet).Sub(now); left > 0 {
+	if left := w.since.Add(w.wait).Sub(now); left > 0 {
 		serve := in.last.clone()
 		serve.bundle = slices.Clone(serve.bundle)
 		if !containsCert(serve.bundle, st.signing.Cert) {
@@ -156,12 +172,13 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 
 // settled records a check that decided without holding: an episode is
 // over once its adoption (or a peer's) is in force.
-func (w *foreignWriter) settled() {
+func (w *foreignWriter) settled(now time.Time) {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
 	if w.active {
+		w.adopted = now
 		klog.Background().Info("The CA secret is left alone again; adopted once", "provider", w.name, "secret", w.key)
 	}
 	w.active, w.why, w.seen = false, "", ""
@@ -180,14 +197,17 @@ func (w *foreignWriter) reason() string {
 }
 
 // neededAfter is what a trimmed adoption keeps of last besides the Secret
-// as read: the CA this replica signed with and the CA of the leaf it serves.
+// as read: the CA of the leaf this replica serves (the CA it signed with,
+// before its first leaf). Each replica keeps its own, so the leaves of all
+// of them keep verifying; a CA that no replica serves a leaf of any more
+// is not brought back.
 func neededAfter(last *caSet, serving *x509.Certificate) []*x509.Certificate {
-	keep := make([]*x509.Certificate, 0, 2)
-	if last.signing != nil {
-		keep = append(keep, last.signing.Cert)
-	}
-	if serving != nil && !containsCert(keep, serving) {
+	keep := make([]*x509.Certificate, 0, 1)
+	switch {
+	case serving != nil:
 		keep = append(keep, serving)
+	case last.signing != nil:
+		keep = append(keep, last.signing.Cert)
 	}
 	return keep
 }

@@ -242,6 +242,12 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	var keep []*x509.Certificate // nil: all that last had
 	if trim && in.last != nil {
 		keep = neededAfter(in.last, in.serving)
+		if st.next != nil && !containsCert(st.bundle, st.next.Cert) && in.last.knows(st.next.Cert) {
+			// Our successor, left in the Secret by a writer that rewrote
+			// only its own keys (cert-manager keeps next.crt): it was
+			// published, and stays so.
+			keep = append(keep, st.next.Cert)
+		}
 	}
 	res.restored = m.restore(st, in.last, in.exists, now, keep)
 	acted, unsafeWhy, err := m.emerg.decide(st, now, in.obs)

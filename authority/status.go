@@ -100,8 +100,9 @@ type RotationStatus struct {
 	// lasts; the replica adopts nothing, keeps serving what it has, sends
 	// a ForeignCASecretWriter Warning Event per episode and counts each
 	// rewrite (evercert_ca_secret_foreign_rewrites_total). Once the Secret
-	// has held the same CA for a check interval it is adopted once,
-	// keeping in ca.crt only the CAs a served leaf needs.
+	// has held the same CA for a quiet period (one check interval, doubling
+	// while the rotator answers each adoption with a rewrite, up to ten) it
+	// is adopted once, keeping in ca.crt only the CAs a served leaf needs.
 	ForeignWriter string
 	// LeaseForbidden, for an Authority replica, says that RBAC forbids
 	// writing its own replica Lease, naming the Lease and the verb (create,
@@ -240,7 +241,9 @@ type RotationReporter interface {
 // error that keeps a successor from being published, while an
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
 // the skew, while the leaf served has expired (LeafExpired), and while a
-// replica catches up with a CA promoted without it (CatchingUp). A stale
+// replica catches up with a CA promoted without it (CatchingUp), and while
+// the rotator an Authority adopted from keeps rewriting its Secret
+// (ForeignWriter): the old pods of a rollout still rotate. A stale
 // read of the CA Secret, a broken Secret and Lease writes that RBAC
 // forbids (LeaseForbidden) are reported
 // in Status (LastError, Broken, LeaseForbidden), Events and metrics, not here: they hit

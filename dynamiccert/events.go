@@ -56,7 +56,8 @@ const (
 	// the Authority adopted or wrote it: the old rotator still runs (a
 	// rolling update from it). The Authority keeps serving what it has,
 	// adopts nothing, reports Stalled and fails readiness until the Secret
-	// is left alone for a check interval, then adopts it once. Sent once
+	// is left alone for a quiet period (a check interval, backed off while
+	// the rotator answers each adoption), then adopts it once. Sent once
 	// per episode, about the CA Secret.
 	ReasonForeignCASecretWriter = certreport.ReasonForeignCASecretWriter
 )

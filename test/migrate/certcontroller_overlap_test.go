@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -66,6 +67,7 @@ func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
 	// last leaf of cert-controller's layout.
 	var oldLeaf atomic.Pointer[tls.Certificate]
 	oldRewrites := atomic.Int64{}
+	var lastOldCA atomic.Pointer[x509.Certificate]
 	kubeletCtx, stopKubelet := context.WithCancel(e.ctx)
 	kubeletDone := make(chan struct{})
 	go func() {
@@ -83,6 +85,7 @@ func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
 				}
 				if ca := string(s.Data["ca.crt"]); ca != lastCA {
 					lastCA = ca
+					lastOldCA.Store(parsePEM(t, s.Data["ca.crt"])[0])
 					oldRewrites.Add(1)
 				}
 			}
@@ -107,7 +110,7 @@ func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
 	}
 	e.waitForWebhook()
 
-	e.migrateWhileOldRuns("cert-controller", authority.LayoutCertController, time.Minute, func() int64 { return oldRewrites.Load() }, func() {
+	e.migrateWhileOldRuns("cert-controller", authority.LayoutCertController, time.Minute, func() (int64, *x509.Certificate) { return oldRewrites.Load(), lastOldCA.Load() }, func() {
 		stopMgr()
 		require.NoError(t, <-mgrDone)
 	})
