@@ -504,6 +504,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
 	st.replicaNames = parseReplicaNames(secret)
+	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames)
 	if convert {
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
@@ -721,6 +722,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	writeReplicaNames(st.replicaNames, s)
+	writeDeclaredTargets(st.targets, s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -1092,6 +1092,10 @@ func (w *simWorld) deliverLease(p *simProc, l *coordinationv1.Lease, gone bool) 
 type simObserver struct{ w *simWorld }
 
 func (o simObserver) Name() string { return "cabundle" }
+
+// Targets makes it a TargetObserver: the replicas that do not publish wait
+// for the target too while every publisher is down.
+func (o simObserver) Targets() []string { return []string{"ValidatingWebhookConfiguration \"sim\""} }
 func (o simObserver) Observed(ca *x509.Certificate) bool {
 	t := o.w.target
 	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
@@ -1485,15 +1489,8 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 	}
 	w.begun[ca] = true
 	if n := len(w.target); n > 0 && !w.target[n-1].fps[ca] {
-		if !w.livePublisher() {
-			// Known and open (issue 27 §4): when every replica that
-			// publishes the caBundle is down longer than the delay, the
-			// others promote without it. Counted, and asserted found by
-			// TestSimulateFindsOpenGaps, until a fix makes it a violation.
-			w.gaps[gapPublisherDown] = true
-			w.gapCAs[ca] = true
-			return
-		}
+		// Also while every replica that publishes the caBundle is down
+		// (issue 27 §4): the others wait for its declared target.
 		w.fail("S2", "r%d signs with CA %s, which the caBundle target does not hold", p.slot.idx, short(ca))
 		return
 	}
@@ -1525,12 +1522,6 @@ func (w *simWorld) checkInvariants() {
 	w.parse()
 	if w.parsedSign != nil {
 		if fp := w.parsedSignFP; fp != w.lastSigning {
-			if w.lastSigning != "" && len(w.target) > 0 && !w.livePublisher() {
-				// Promoted while no replica that publishes the caBundle
-				// was live: see gapPublisherDown.
-				w.gaps[gapPublisherDown] = true
-				w.gapCAs[fp] = true
-			}
 			w.lastSigning = fp
 		}
 	}
@@ -1715,17 +1706,6 @@ func (w *simWorld) stillValid(fp string) bool {
 	}
 	end, ok := simNotAfter.Load(fp)
 	return !ok || w.now.Before(end.(time.Time))
-}
-
-// livePublisher reports whether a replica that publishes the caBundle is
-// live.
-func (w *simWorld) livePublisher() bool {
-	for _, s := range w.slots {
-		if s.publisher && w.live(s.proc) {
-			return true
-		}
-	}
-	return false
 }
 
 func (w *simWorld) publishing() bool {
@@ -1940,10 +1920,6 @@ func TestSimulateFindsOpenGaps(t *testing.T) {
 // A run that reaches one does not fail; its handshakes on the CAs
 // concerned are not judged.
 const (
-	// gapPublisherDown (issue 27 §4): every replica that publishes the
-	// caBundle is down longer than the delay; the others promote without
-	// the target holding the successor.
-	gapPublisherDown = "caBundle publishers all down"
 	// gapLateConfirmation: a successor whose observers confirm only after
 	// its delay signs at once; the target's own clients take a moment more.
 	gapLateConfirmation = "late confirmation signs at once"
@@ -1970,4 +1946,4 @@ const (
 	gapClockBehindAtEnd = "clock behind at a CA's end"
 )
 
-var simGaps = []string{gapPublisherDown, gapLateConfirmation, gapSamePodRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
+var simGaps = []string{gapLateConfirmation, gapSamePodRestart, gapLostState, gapBrokenEmergency, gapClockBehindAtEnd}
