@@ -431,6 +431,9 @@ type secretStore struct {
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
+	// declaring logs, once per distinct error, a write of caBundle target
+	// declarations that failed (stepResult.declarationOnly).
+	declaring errlog.Once
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -558,6 +561,21 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 				}
 			}
 			s.reads.failed(staleRV) // re-read with a GET
+		}
+		if err != nil && res.declarationOnly && ctx.Err() == nil {
+			// Only the declaration was due: the state as read stays in
+			// force, so this replica still adopts and announces it; the
+			// renewal is tried again at the next check, well before the
+			// declaration lapses (targetLapse).
+			mayReference = false
+			s.declaring.Error(klog.FromContext(ctx), fmt.Errorf("writing CA secret %s: %w", s.src.Key, secretwatch.DescribeAPIError(err, "update on this Secret")),
+				"Could not renew this replica's caBundle target declaration in the CA secret; retried at the next check", "provider", s.cfg.Name)
+			last := st.clone()
+			s.last = &last
+			return res, nil
+		}
+		if err == nil && res.declarationOnly {
+			s.declaring.Recovered(klog.FromContext(ctx), "Renewed this replica's caBundle target declaration in the CA secret", "provider", s.cfg.Name)
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			mayReference = false // refused: nothing was written

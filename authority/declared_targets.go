@@ -67,17 +67,21 @@ const (
 )
 
 // targetLapse is how long a declaration lasts when no publisher renews it:
-// twice the propagation delay, at least a day. An operator who removes the
-// publisher from the configuration leaves a declaration that nobody renews;
-// until it lapses, successors wait for it, named in
-// RotationStatus.Successor.Pending as "cabundle/<target>". A publisher that
-// is down longer than this is taken for removed. Publishers renew their
-// declarations every quarter of it (targetRenewal).
-func targetLapse(propagation time.Duration) time.Duration {
-	return max(2*propagation, minTargetLapse)
+// the time from a successor's publication to a stalled rotation
+// (CARenewBefore - RenewBefore) less the propagation delay, at least a
+// day. An operator who removes the publisher from the configuration leaves
+// a declaration that nobody renews; until it lapses, successors wait for
+// it, named in RotationStatus.Successor.Pending as "cabundle/<target>". A
+// removal before a successor's publication so never stalls its rotation
+// (the declaration lapses at least a delay before the stall), and a
+// publisher down for less than this holds the rotation; one down longer is
+// taken for removed. Publishers renew their declarations every quarter of
+// it (targetRenewal).
+func (r rotation) targetLapse() time.Duration {
+	return max(r.caRenewBefore-r.leafRenewBefore-r.propagation, minTargetLapse)
 }
 
-func targetRenewal(propagation time.Duration) time.Duration { return targetLapse(propagation) / 4 }
+func (r rotation) targetRenewal() time.Duration { return r.targetLapse() / 4 }
 
 // declaredTarget is one line of CABundleTargetsAnnotation.
 type declaredTarget struct {
@@ -145,7 +149,7 @@ func writeDeclaredTargets(ds []declaredTarget, s *corev1.Secret) {
 // st.targets in place (the state in force shares it) and reports whether
 // it changed.
 func (m *machine) declareTargets(st *caSet, own []string, now time.Time) bool {
-	lapse, every := targetLapse(m.sched.propagation), targetRenewal(m.sched.propagation)
+	lapse, every := m.sched.targetLapse(), m.sched.targetRenewal()
 	ds := slices.Clone(st.targets)
 	changed := false
 	for n := range ds {

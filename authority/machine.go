@@ -132,6 +132,11 @@ type stepResult struct {
 	unsafeWhy string
 	// repairs say what this step writes back after a hand edit.
 	repairs []string
+	// declarationOnly: the write only renews or drops caBundle target
+	// declarations (declareTargets); the state as read is in force whether
+	// or not it succeeds, so a replica whose Secret writes fail (a lost
+	// race, RBAC) still adopts and announces what it read.
+	declarationOnly bool
 	// skew, when set, is why this replica's clock is the suspect: nothing
 	// was decided, state is the state as read and must not be written.
 	skew *clockSkewError
@@ -271,7 +276,9 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	// hand promotion, with the first write after it): whoever reads the
 	// Secret counts it, whether or not this replica lives to.
 	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
-	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded || declared
+	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded
+	res.declarationOnly = declared && !res.write
+	res.write = res.write || declared
 	return res, nil
 }
 

@@ -105,7 +105,7 @@ func (w *pubDownWorld) start(r int, publisher bool) {
 	w.replicas[r], w.cancel[r] = a, stop
 	w.mu.Unlock()
 	t.Cleanup(func() { w.stop(r) })
-	w.await(fmt.Sprintf("replica %d's first leaf", r), func() bool { return a.Leaf() != nil })
+	w.await(fmt.Sprintf("replica %d's first leaf and status", r), func() bool { return a.Leaf() != nil && a.Status().Signing.Fingerprint != "" })
 }
 
 // stop stops replica r's Run loops (a graceful stop: it releases its Lease).
@@ -225,12 +225,14 @@ func TestPromotionWaitsForTargetsOfPublisherThatIsDown(t *testing.T) {
 // replica 0's configuration (a restart without it) just after a successor
 // was published. Nobody renews the declaration any more: the successor
 // waits for the target, named in Status, until the declaration lapses
-// (twice the propagation delay, at least a day, after its last renewal,
-// plus the skew tolerance), then signs without counting an unsafe rotation,
-// and the declaration leaves the Secret.
+// (CARenewBefore - RenewBefore - PropagationDelay, at least a day, after
+// its last renewal, plus the skew tolerance), then signs, before the
+// rotation stalls, without counting an unsafe rotation, and the
+// declaration leaves the Secret.
 func TestTargetDeclarationLapses(t *testing.T) {
-	// A one-day leaf: an 8-day CA, CARenewBefore 64h, delay 14h, lapse 28h,
-	// stalled 56h after the publication, skew tolerance 1h.
+	// A one-day leaf: an 8-day CA, CARenewBefore 64h, RenewBefore 8h,
+	// delay 14h, lapse 64h-8h-14h = 42h, stalled 56h after the
+	// publication, skew tolerance 1h.
 	w := newPubDownWorld(t, 24*time.Hour)
 	r1 := w.replicas[1]
 	first := r1.Status().Signing
@@ -243,7 +245,7 @@ func TestTargetDeclarationLapses(t *testing.T) {
 	require.Equal(t, pubTarget, target, "the declaration in the Secret")
 	renewed, err := time.Parse(time.RFC3339, at)
 	require.NoError(t, err)
-	lapse := renewed.Add(28*time.Hour + time.Hour)
+	lapse := renewed.Add(42*time.Hour + time.Hour)
 	// Removed from the configuration: replica 0 runs without it.
 	w.stop(0)
 	w.start(0, false)
