@@ -18,6 +18,7 @@ import (
 
 	"github.com/evercert/evercert/authority"
 	"github.com/evercert/evercert/cabundle"
+	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/tlstest"
 )
 
@@ -200,6 +201,7 @@ func TestPromotionWaitsForTargetsOfPublisherThatIsDown(t *testing.T) {
 	err := authority.RotationCheck(r1).Check(nil)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), pubTarget, "readiness names the target")
+	require.Equal(t, 1.0, certmetricstest.Value(t, "evercert_ca_rotation_uncovered_targets", map[string]string{"provider": r1.Name()}), "the uncovered target counted")
 	require.Equal(t, pubTarget, strings.SplitN(w.secret().Annotations[authority.CABundleTargetsAnnotation], " ", 2)[1], "the declaration in the Secret")
 
 	// Replica 0 comes back: it publishes, confirms, and the successor
@@ -218,6 +220,7 @@ func TestPromotionWaitsForTargetsOfPublisherThatIsDown(t *testing.T) {
 		w.stepLive(10*time.Second, 0, 1)
 	}
 	require.Zero(t, r1.Status().UnsafeRotations, "a safe promotion")
+	require.Equal(t, 0.0, certmetricstest.Value(t, "evercert_ca_rotation_uncovered_targets", map[string]string{"provider": r1.Name()}))
 	require.Zero(t, w.failed.Load(), "failed handshakes of a client following the caBundle")
 }
 
