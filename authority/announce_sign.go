@@ -62,9 +62,15 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 	if l.Spec.RenewTime != nil {
 		renew = l.Spec.RenewTime.UTC().Format(metav1.RFC3339Micro)
 	}
-	fields := [...]string{announcementVersion, l.Namespace, l.Name, l.Labels[LeaseLabel], holder, duration, renew,
+	fields := []string{announcementVersion, l.Namespace, l.Name, l.Labels[LeaseLabel], holder, duration, renew,
 		l.Annotations[TrustedCAsAnnotation], l.Annotations[BundleHashAnnotation], l.Annotations[LeafSerialAnnotation],
 		l.Annotations[LeafAnnotation], l.Annotations[ClocksAheadAnnotation]}
+	if v := l.Annotations[CoveredTargetsAnnotation]; v != "" {
+		// Only when set, so the announcements of replicas that publish to
+		// no target encode as before and a rollout from an older version
+		// believes them.
+		fields = append(fields, v)
+	}
 	// Sized once: every peer builds it for every renewal it verifies.
 	n := 0
 	for _, s := range fields {

@@ -454,6 +454,9 @@ type secretStore struct {
 	// writer tells the rotator adopted from still rewriting the Secret
 	// (foreignWriter); nil without Config.Adopt.
 	writer *foreignWriter
+	// declaring logs, once per distinct error, a write of caBundle target
+	// declarations that failed (stepResult.declarationOnly).
+	declaring errlog.Once
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -527,6 +530,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
 	st.replicaNames = parseReplicaNames(secret)
+	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
 	if convert && err == nil && res.skew == nil {
@@ -582,6 +586,21 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 				}
 			}
 			s.reads.failed(staleRV) // re-read with a GET
+		}
+		if err != nil && res.declarationOnly && ctx.Err() == nil {
+			// Only the declaration was due: the state as read stays in
+			// force, so this replica still adopts and announces it; the
+			// renewal is tried again at the next check, well before the
+			// declaration lapses (targetLapse).
+			mayReference = false
+			s.declaring.Error(klog.FromContext(ctx), fmt.Errorf("writing CA secret %s: %w", s.src.Key, secretwatch.DescribeAPIError(err, "update on this Secret")),
+				"Could not renew this replica's caBundle target declaration in the CA secret; retried at the next check", "provider", s.cfg.Name)
+			last := st.clone()
+			s.last = &last
+			return res, nil
+		}
+		if err == nil && res.declarationOnly {
+			s.declaring.Recovered(klog.FromContext(ctx), "Renewed this replica's caBundle target declaration in the CA secret", "provider", s.cfg.Name)
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			mayReference = false // refused: nothing was written
@@ -747,6 +766,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	writeReplicaNames(st.replicaNames, s)
+	writeDeclaredTargets(st.targets, s)
 	if st.next != nil {
 		s.Data[NextCertKey] = st.next.CertPEM
 		if st.next.KeyRef != "" {

@@ -270,6 +270,15 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 				unsafeWhy = fmt.Sprintf("emergency successor CA %q signs unconfirmed by the other replicas: %s", cs.next.Cert.Subject.CommonName, why)
 			}
 		}
+		// Nor does it wait for a declared caBundle target that no live
+		// replica covers (its publishers are all down): the same trade as
+		// the delay's, a key an attacker may hold against consumers nobody
+		// observes now. Counted unsafe and recorded, naming the targets.
+		if obs.uncovered != nil {
+			if targets := obs.uncovered(cs.next.Cert); len(targets) > 0 {
+				unsafeWhy = strings.TrimPrefix(unsafeWhy+"; emergency: "+uncoveredWhy(cs.next.Cert, targets), "; ")
+			}
+		}
 		old := cs.signing.Cert
 		cs.signing, cs.next, changed = cs.next, nil, true
 		cs.signingSince = time.Time{} // no delay in an emergency (keepOldLeaf)

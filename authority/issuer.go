@@ -196,6 +196,39 @@ func (i *issuer) pending(ca *x509.Certificate) []string {
 
 func (i *issuer) observed(ca *x509.Certificate) bool { return len(i.pending(ca)) == 0 }
 
+// targets returns the caBundle targets this process's observers stand for
+// (TargetObserver), sorted.
+func (i *issuer) targets() []string {
+	i.obsMu.Lock()
+	defer i.obsMu.Unlock()
+	var out []string
+	for _, o := range i.observers {
+		if t, ok := o.(TargetObserver); ok {
+			for _, name := range t.Targets() {
+				if name = cleanTarget(name); name != "" {
+					out = append(out, name)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// covering returns the caBundle targets for which a live replica's
+// announcement, or this process's own observers, confirm ca: this
+// process's own count as soon as its observers hold ca, before its Lease
+// says so.
+func (i *issuer) covering(ca *x509.Certificate) []string {
+	out := i.replicas.covering(ca)
+	if own := i.targets(); len(own) > 0 && i.locallyObserved(ca) {
+		out = append(out, own...)
+		slices.Sort(out)
+		out = slices.Compact(out)
+	}
+	return out
+}
+
 // locallyObserved reports whether every local observer holds ca; replicas
 // announce only the CAs their own observers confirmed.
 func (i *issuer) locallyObserved(ca *x509.Certificate) bool {
@@ -300,6 +333,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		if i.replicas != nil {
 			in.consumersMayLack = i.replicas.consumersMayLack
 			in.obs.blind, in.obs.lacking = i.replicas.blind, i.replicas.lacking
+			in.declares, in.obs.covered = i.targets(), i.covering
 		}
 		return m.step(in)
 	})
@@ -442,7 +476,7 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	if i.replicas != nil {
 		m := i.machine()
 		trusted := m.announced(st, now, i.locallyObserved)
-		i.replicas.announce(trusted, bundle, leafSerial, leafPEM, leafKey)
+		i.replicas.announce(trusted, bundle, leafSerial, leafPEM, leafKey, i.targets())
 	}
 	i.updateStatus(st, now)
 	if changed {

@@ -109,6 +109,9 @@ type stepInput struct {
 	// read (replicaSet.consumersMayLack); nil: they have it (SelfSigned has
 	// no restart).
 	consumersMayLack func(*x509.Certificate) bool
+	// declares are the caBundle targets this process's observers stand for
+	// (TargetObserver), declared in the state (machine.declareTargets).
+	declares []string
 	// adopted: read from another rotator's layout; written back in ours.
 	adopted bool
 	// serving is the CA of the leaf this process serves, nil before its
@@ -135,6 +138,11 @@ type stepResult struct {
 	unsafeWhy string
 	// repairs say what this step writes back after a hand edit.
 	repairs []string
+	// declarationOnly: the write only renews or drops caBundle target
+	// declarations (declareTargets); the state as read is in force whether
+	// or not it succeeds, so a replica whose Secret writes fail (a lost
+	// race, RBAC) still adopts and announces what it read.
+	declarationOnly bool
 	// skew, when set, is why this replica's clock is the suspect: nothing
 	// was decided, state is the state as read and must not be written.
 	skew *clockSkewError
@@ -167,7 +175,11 @@ type stepResult struct {
 //  6. The schedule advances (rotation.advance): publish a successor,
 //     promote it once observed and its delay is over, retire expired CAs
 //     (S1, S2); a promotion forced by the signing CA's end is unsafe and
-//     counted.
+//     counted. Observed includes every caBundle target declared in the
+//     state (declareTargets renews this process's own and drops the lapsed
+//     ones): a live replica's announcement must cover each, so a publisher
+//     that is down is waited for (S2). An emergency does not wait for them
+//     (step 5) and counts the promotion unsafe.
 func (m *machine) step(in stepInput) (stepResult, error) {
 	st, now := in.read, in.now
 	res := stepResult{state: st, repairs: in.repairs}
@@ -250,26 +262,49 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		}
 	}
 	res.restored = m.restore(st, in.last, in.exists, now, keep)
-	acted, unsafeWhy, err := m.emerg.decide(st, now, in.obs)
+	declared := m.declareTargets(st, in.declares, now)
+	obs := in.obs
+	if len(st.targets) > 0 {
+		all, lacking := obs.all, obs.lacking
+		obs.uncovered = func(c *x509.Certificate) []string { return m.uncoveredTargets(st, c, in.obs.covered) }
+		obs.all = func(c *x509.Certificate) bool { return len(obs.uncovered(c)) == 0 && all(c) }
+		// A promotion forced by the signing CA's end with a declared target
+		// uncovered is unsafe: that target's clients may lack the CA.
+		obs.lacking = func(c *x509.Certificate) bool { return len(obs.uncovered(c)) > 0 || lacking != nil && lacking(c) }
+	}
+	// The emergency waits for every observer and live replica, not for
+	// declared targets no live replica covers (see emergency.decide).
+	emergObs := obs
+	emergObs.all = in.obs.all
+	acted, unsafeWhy, err := m.emerg.decide(st, now, emergObs)
 	if err != nil {
 		return res, err
 	}
 	if unsafeWhy != "" {
 		res.unsafe, res.unsafeWhy = true, unsafeWhy
 	}
-	changed, unsafe, err := m.sched.advance(st, now, in.obs)
+	var uncovered []string
+	if st.next != nil && obs.uncovered != nil {
+		uncovered = obs.uncovered(st.next.Cert) // as it stood before advance
+	}
+	changed, unsafe, err := m.sched.advance(st, now, obs)
 	if err != nil {
 		return res, err
 	}
 	if unsafe {
 		res.unsafe, res.unsafeWhy = true, fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it",
 			now.UTC().Format(time.RFC3339), st.signing.Cert.Subject.CommonName)
+		if len(uncovered) > 0 {
+			res.unsafeWhy += "; " + uncoveredWhy(st.signing.Cert, uncovered)
+		}
 	}
 	// The record goes out with the write that lets the CA sign (or, for a
 	// hand promotion, with the first write after it): whoever reads the
 	// Secret counts it, whether or not this replica lives to.
 	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
 	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded
+	res.declarationOnly = declared && !res.write
+	res.write = res.write || declared
 	return res, nil
 }
 

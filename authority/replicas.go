@@ -73,6 +73,9 @@ type announcement struct {
 	// clocksAhead: the replica IDs whose clocks are ahead of ours beyond
 	// the tolerance, sorted, comma separated.
 	clocksAhead string
+	// covered: the caBundle targets this replica's observers stand for
+	// (CoveredTargetsAnnotation), sorted, one per line.
+	covered string
 }
 
 // seenLease is another (or this) replica's announcement as last believed
@@ -121,6 +124,9 @@ type seenLease struct {
 	// bundleHash is the SHA-256 (hex) of the ca.crt bundle the replica
 	// announced it loaded (BundleHashAnnotation).
 	bundleHash string
+	// covered are the caBundle targets its observers stand for
+	// (CoveredTargetsAnnotation): trusted holds CAs each of them holds.
+	covered []string
 }
 
 // replicaSet announces this replica in a Lease and watches the Leases of
@@ -237,11 +243,18 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 
 // announce sets what this replica announces; the run loop writes it,
 // signed with leafKey, the private key of the leaf leafPEM (nil without a
-// leaf).
-func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte, leafKey crypto.Signer) {
+// leaf). covered are the caBundle targets its observers stand for.
+func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte, leafKey crypto.Signer, covered []string) {
 	slices.Sort(trusted)
+	covered = slices.Clone(covered)
+	for n := range covered {
+		covered[n] = cleanTarget(covered[n])
+	}
+	slices.Sort(covered)
+	covered = slices.Compact(covered)
 	sum := sha256.Sum256(bundle)
-	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM)}
+	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM),
+		covered: strings.Trim(strings.Join(covered, "\n"), "\n")}
 	now := r.clock.Now()
 	r.mu.Lock()
 	a.clocksAhead = strings.Join(r.clocksLocked(now).ahead, ",")
@@ -293,6 +306,27 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// covering returns the caBundle targets that live replicas' believed
+// announcements (this replica's own Lease included, once seen) name and
+// that trust ca: the evidence that those targets hold ca
+// (machine.uncoveredTargets). A stale announcement (this process was
+// paused) still counts while its Lease has not aged out, as in pending.
+func (r *replicaSet) covering(ca *x509.Certificate) []string {
+	fp := Fingerprint(ca)
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	unseen := r.unseenLocked(now)
+	var out []string
+	for _, l := range r.seen {
+		if len(l.covered) > 0 && now.Before(l.observedAt.Add(l.duration+unseen)) && slices.Contains(l.trusted, fp) {
+			out = append(out, l.covered...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // run watches the Leases and writes this replica's until ctx is done. When
@@ -680,6 +714,11 @@ func (r *replicaSet) write(ctx context.Context, base *coordinationv1.Lease, want
 	} else {
 		delete(lease.Annotations, ClocksAheadAnnotation)
 	}
+	if want.covered != "" {
+		lease.Annotations[CoveredTargetsAnnotation] = want.covered
+	} else {
+		delete(lease.Annotations, CoveredTargetsAnnotation)
+	}
 	lease.Spec.HolderIdentity = ptr.To(r.id)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(max(1, r.duration/time.Second)))
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: now}
@@ -852,7 +891,12 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
 		duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	var trusted, ahead []string
+	var trusted, ahead, covered []string
+	for _, t := range strings.Split(l.Annotations[CoveredTargetsAnnotation], "\n") {
+		if t = cleanTarget(t); t != "" {
+			covered = append(covered, t)
+		}
+	}
 	if v := l.Annotations[TrustedCAsAnnotation]; v != "" {
 		trusted = strings.Split(v, ",")
 	}
@@ -902,13 +946,13 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 		observedAt = seenAt.Add(left - duration)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
-		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation]}
+		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation], covered: covered}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s
 	// What the issuer decides on changed: what the replica trusts, or how
 	// its clock compares with ours (see clocksLocked), or is known again
 	// after a pause.
-	return prev == nil || prev.stale || prev.duration != duration || !slices.Equal(prev.trusted, trusted) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+	return prev == nil || prev.stale || prev.duration != duration || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.covered, covered) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
 }
 
 // peerClocks is how the live replicas' clocks compare with this one's, as

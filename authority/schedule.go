@@ -66,6 +66,9 @@ type caSet struct {
 	// replicaNames are the leaf names the replicas sharing the Secret
 	// announce (Authority only; see replica_names.go).
 	replicaNames []string
+	// targets are the caBundle targets declared by the replicas that
+	// publish (Authority only; see declared_targets.go).
+	targets []declaredTarget
 }
 
 // signingEnds is when the signing CA stops being able to serve: its
@@ -189,6 +192,14 @@ type observation struct {
 	// Leases cannot be listed): all then confirms on this process's own
 	// observers alone. Nil or "" when it can.
 	blind func() string
+	// covered, when set, returns the caBundle targets that live replicas'
+	// believed announcements name and that trust the CA, this process's
+	// own included (replicaSet.covering).
+	covered func(*x509.Certificate) []string
+	// uncovered is set by step from covered and the targets declared in
+	// the state (machine.uncoveredTargets): all already includes it; an
+	// emergency, which does not wait for them, counts them unsafe.
+	uncovered func(*x509.Certificate) []string
 }
 
 // promotable reports whether the successor may sign: its minimum delay has

@@ -141,7 +141,9 @@ type SuccessorStatus struct {
 	SignsNoEarlierThan time.Time
 	// Pending names the observers that have not confirmed the successor
 	// yet: local observers by name ("cabundle", "ca-bundle-file"), replicas
-	// as "replica/<id>". Empty once all have.
+	// as "replica/<id>", and caBundle targets declared in the CA Secret
+	// that no live replica confirms (CABundleTargetsAnnotation; their
+	// publishers are down) as "cabundle/<target>". Empty once all have.
 	Pending []string
 }
 
@@ -157,7 +159,7 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 	m := i.machine()
 	s := RotationStatus{Signing: describeCA(st.signing.Cert), Phase: m.phase(st, now, "", "")}
 	s.Stalled = m.stalled(st, now)
-	pending := 0
+	pending, uncovered := 0, 0
 	if st.next != nil {
 		succ := &SuccessorStatus{
 			CAStatus:           describeCA(st.next.Cert),
@@ -165,9 +167,17 @@ func (i *issuer) updateStatus(st *caSet, now time.Time) {
 			SignsNoEarlierThan: i.sched.signsNoEarlierThan(st),
 			Pending:            i.pending(st.next.Cert),
 		}
+		if i.replicas != nil {
+			// Declared caBundle targets no live replica covers: the
+			// successor waits for them as for any observer (machine.step).
+			targets := m.uncoveredTargets(st, st.next.Cert, i.covering)
+			uncovered = len(targets)
+			succ.Pending = append(succ.Pending, targets...)
+		}
 		pending = len(succ.Pending)
 		s.Successor = succ
 	}
+	certmetrics.UncoveredTargets(i.cfg.name, uncovered)
 	s.Emergency = i.emerg.status(st)
 	i.mu.RLock()
 	fromSigning := i.leaf != nil && bytes.Equal(i.leafCA, st.signing.Cert.Raw)

@@ -15,7 +15,7 @@ import (
 // read back from the API server (what a list or watch returned, not what
 // was sent), so that Observed only reads a cache.
 
-var _ authority.Observer = (*Publisher)(nil)
+var _ authority.TargetObserver = (*Publisher)(nil)
 var _ dynamiccertificates.Notifier = (*Publisher)(nil)
 
 // objectReadBack is what the fields one target selects in one object held
@@ -31,6 +31,19 @@ type objectReadBack struct {
 // Name returns the publisher's name (PublisherConfig.Name, default "cabundle"), which
 // is also the name of its health check.
 func (p *Publisher) Name() string { return p.name }
+
+// Targets names the publisher's targets (Target.String), e.g.
+// `ValidatingWebhookConfiguration "my-hook"`: an Authority declares them in
+// its CA Secret and announces them in its Lease, so that its replicas that
+// do not publish wait for them too while every replica that does is down
+// (authority.TargetObserver).
+func (p *Publisher) Targets() []string {
+	out := make([]string, len(p.targets))
+	for n, t := range p.targets {
+		out[n] = t.Target.String()
+	}
+	return out
+}
 
 // AddListener registers l to be notified (l.Enqueue) whenever what a target
 // holds, as read back from the API server, changes, and when a target's

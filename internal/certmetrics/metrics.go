@@ -78,6 +78,13 @@ var (
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"provider"})
 
+	uncoveredTargets = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Namespace:      namespace,
+		Name:           "ca_rotation_uncovered_targets",
+		Help:           "Number of caBundle targets declared in an Authority's CA Secret (annotation evercert.io/cabundle-targets) for which no live replica confirms the waiting successor CA (every replica that publishes to them is down): the successor waits for them. 0 when no successor is waiting.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"provider"})
+
 	clockSkew = metrics.NewCounterVec(&metrics.CounterOpts{
 		Namespace:      namespace,
 		Name:           "clock_skew_total",
@@ -173,6 +180,14 @@ func PendingObservers(provider string, n int) {
 	unsafeRotations.WithLabelValues(provider).Add(0)
 }
 
+// UncoveredTargets records how many caBundle targets declared in
+// provider's CA Secret no live replica confirms the waiting successor for
+// (0 when none is waiting).
+func UncoveredTargets(provider string, n int) {
+	Register()
+	uncoveredTargets.WithLabelValues(provider).Set(float64(n))
+}
+
 // ClockSkew records that provider (an Authority replica) found its clock
 // disagreeing with the CA Secret or its peers, when started is true; with
 // false it only makes the series exist at 0, so alerts on increase() work
@@ -189,7 +204,7 @@ func ClockSkew(provider string, started bool) {
 
 // all lists every evercert collector.
 func all() []metrics.Registerable {
-	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, recordedUnsafeRotations, pendingObservers, clockSkew,
+	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, recordedUnsafeRotations, pendingObservers, uncoveredTargets, clockSkew,
 		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified,
 		emergencySteps, operatorRequests, compromisedTrusted, replicaAnnouncementsRejected, replicaLeaseWritesForbidden, foreignRewrites}
 }
