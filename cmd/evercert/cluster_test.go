@@ -759,9 +759,23 @@ func TestCLIRotateWaitSaysWhatItWaitsFor(t *testing.T) {
 	assert.Contains(t, progress[len(progress)-1], "want "+compromised)
 	assert.Contains(t, progress[len(progress)-1], "replica-stuck")
 
-	// replica-stuck reaches the API server again: it announces the
-	// successor, the emergency rotation completes and the wait ends.
-	cut.Store(false)
+	// replica-stuck reaches the API server again once rotate --wait below
+	// has re-marked the CA and waits: it announces the successor, the
+	// emergency rotation completes and the wait ends. (Reaching the API
+	// before the CLI reads the Secret would race: once the emergency has
+	// promoted the successor, rotate --compromised without --ca names that
+	// one, and the CLI refuses while the first mark is pending.)
+	markedAt := secretCA(t, admin, secret).Annotations[authority.CompromisedAtAnnotation]
+	time.Sleep(1100 * time.Millisecond) // the CLI's mark carries a later second
+	go func() {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			s, err := admin.CoreV1().Secrets(cliNS).Get(context.Background(), secret, metav1.GetOptions{})
+			if err == nil && s.Annotations[authority.CompromisedAtAnnotation] != markedAt {
+				break
+			}
+		}
+		cut.Store(false)
+	}()
 	code, out = cli(t, env, "rotate", secret, "--compromised", "--reason", "drill", "--wait", "--timeout", "2m")
 	require.Equal(t, exitOK, code, "rotate --wait once every live replica can act: %s", out)
 	assert.Equal(t, compromised, secretCA(t, admin, secret).Annotations[authority.CompromisedHandledAnnotation])
