@@ -473,6 +473,9 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
 	var out []string
+	if !r.listed {
+		out = append(out, unlistedPeers)
+	}
 	for _, l := range r.seen {
 		if !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) && l.leaf != nil && signedBy(l.leaf, ca) {
 			out = append(out, "replica/"+l.holder)

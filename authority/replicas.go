@@ -284,6 +284,17 @@ func (r *replicaSet) lacking(ca *x509.Certificate) bool {
 	return len(r.pendingOf(ca, true)) > 0
 }
 
+// unlistedPeers stands in pendingOf and servingFrom for the peers this
+// process does not know yet: no list of the Leases has succeeded (listOnce
+// failed with a timeout, a 5xx, a 429). Until one does, an empty view is
+// ignorance, not evidence that nobody lacks a CA or serves a leaf: a new
+// process that judged on it would promote a successor, or drain a
+// compromised CA, under a live peer that does not hold it (simulator S2).
+// It waits instead; listOnce is tried again at every check. A list that
+// RBAC forbids is another matter (see blind): it will stay so, and an
+// emergency goes on counted unsafe rather than wait for ever.
+const unlistedPeers = "replicas (their Leases are not listed yet)"
+
 func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 	fp := Fingerprint(ca)
 	now := r.clock.Now()
@@ -294,6 +305,9 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 		return nil // every announcement is stale until renewed
 	}
 	var out []string
+	if !r.listed {
+		out = append(out, unlistedPeers)
+	}
 	for _, l := range r.seen {
 		if current && l.bundleHash != "" && l.bundleHash == r.want.bundleHash {
 			// It publishes the bundle this replica does, which holds ca:
