@@ -438,6 +438,27 @@ type secretStore struct {
 	// declaring logs, once per distinct error, a write of caBundle target
 	// declarations that failed (stepResult.declarationOnly).
 	declaring errlog.Once
+	// unanswered is the unsafe rotation that a write sent but got no
+	// answer for (a timeout, a 5xx): the write may have committed, and
+	// then the next read finds the CA signing already and decides nothing,
+	// so the rotation would go uncounted by the replica that made it
+	// (simulator seed 599 with slow calls). The next step counts it if the
+	// Secret holds the record this write sent (see countUnanswered).
+	unanswered struct{ record, why string }
+}
+
+// countUnanswered counts, in res, the unsafe rotation of a write that got
+// no answer once a read shows that it committed: the record it sent is the
+// Secret's last one, to the second and the reason, and this step did not
+// decide one itself (a write that did not commit is decided again, and
+// counted then). Whatever the read shows, it is looked at once.
+func (s *secretStore) countUnanswered(res *stepResult) {
+	u := s.unanswered
+	s.unanswered.record, s.unanswered.why = "", ""
+	if u.record == "" || res.unsafe || res.state == nil || res.state.unsafe.last != u.record {
+		return
+	}
+	res.unsafe, res.unsafeWhy = true, u.why+" (counted once the Secret was read back: the write that made it sign got no answer)"
 }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
@@ -533,6 +554,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		return res, res.skew
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
+	s.countUnanswered(&res)
 	st = res.state
 	if res.write || namesAdded {
 		asRead := secret
@@ -589,6 +611,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			return stepResult{}, ctx.Err()
 		}
 		if err != nil {
+			if res.unsafe {
+				s.unanswered.record, s.unanswered.why = st.unsafe.last, res.unsafeWhy
+			}
 			verbs := "update on this Secret"
 			if !exists {
 				verbs = "create on secrets in the namespace, or pre-create the Secret and set DisableCreate"
