@@ -56,10 +56,14 @@ type TargetObserver interface {
 }
 
 const (
-	// maxDeclaredTargets bounds CABundleTargetsAnnotation; the declarations
-	// renewed least recently are dropped beyond it (a publisher that still
-	// runs adds its own back at its next check).
-	maxDeclaredTargets = 32
+	// maxDeclaredTargets bounds CABundleTargetsAnnotation. A declaration
+	// is never dropped for the bound, only when it lapses: a publisher that
+	// dropped another's to make room would have it added back at the
+	// other's next check, and the two would rewrite the Secret in turn (a
+	// review found that with 33 targets). A target that finds the list full
+	// is not declared (undeclared, logged) until one lapses; a hand edit
+	// beyond the bound keeps its first lines.
+	maxDeclaredTargets = 128
 	// maxTargetLen bounds one target's name; a longer one is cut.
 	maxTargetLen = 512
 	// minTargetLapse is the least time a declaration lasts unrenewed.
@@ -108,7 +112,7 @@ func parseDeclaredTargets(s *corev1.Secret) []declaredTarget {
 		if line == "" {
 			continue
 		}
-		d := declaredTarget{target: line}
+		d := declaredTarget{target: cleanTarget(line)}
 		if at, rest, ok := strings.Cut(line, " "); ok {
 			if t, err := time.Parse(time.RFC3339, at); err == nil {
 				d = declaredTarget{target: cleanTarget(rest), renewed: t}
@@ -121,6 +125,9 @@ func parseDeclaredTargets(s *corev1.Secret) []declaredTarget {
 			if d.renewed.After(out[i].renewed) {
 				out[i] = d
 			}
+			continue
+		}
+		if len(out) == maxDeclaredTargets {
 			continue
 		}
 		out = append(out, d)
@@ -143,19 +150,42 @@ func writeDeclaredTargets(ds []declaredTarget, s *corev1.Secret) {
 	s.Annotations[CABundleTargetsAnnotation] = strings.Join(lines, "\n")
 }
 
+// mergeDeclaredTargets returns the declarations of read with those of
+// known that read lacks or holds renewed earlier, within the bound; it
+// changes neither.
+func mergeDeclaredTargets(read, known []declaredTarget) []declaredTarget {
+	out := slices.Clone(read)
+	for _, k := range known {
+		switch i := slices.IndexFunc(out, func(d declaredTarget) bool { return d.target == k.target }); {
+		case i >= 0 && k.renewed.After(out[i].renewed):
+			out[i] = k
+		case i < 0 && len(out) < maxDeclaredTargets:
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // declareTargets is the machine's part of the declarations at now: it adds
 // or renews this process's own targets (own) when missing or renewed more
 // than targetRenewal ago, and drops the ones that lapsed. It never changes
 // st.targets in place (the state in force shares it) and reports whether
-// it changed.
-func (m *machine) declareTargets(st *caSet, own []string, now time.Time) bool {
+// it changed, and which of own it could not add (the list is full: see
+// maxDeclaredTargets).
+func (m *machine) declareTargets(st *caSet, own []string, now time.Time) (changed bool, undeclared []string) {
 	lapse, every := m.sched.targetLapse(), m.sched.targetRenewal()
 	ds := slices.Clone(st.targets)
-	changed := false
 	for n := range ds {
 		if ds[n].renewed.IsZero() {
 			// No time that parses (a hand edit): renewed now, so it lapses
 			// on schedule rather than at once or never.
+			ds[n].renewed, changed = now, true
+		}
+		if ds[n].renewed.After(now.Add(m.sched.skew)) {
+			// Further in this clock's future than any clock within the
+			// tolerance renews (a hand edit, or a publisher whose clock
+			// was far ahead and that has been removed since): taken as
+			// renewed now, so that it lapses on schedule, not never.
 			ds[n].renewed, changed = now, true
 		}
 	}
@@ -165,6 +195,8 @@ func (m *machine) declareTargets(st *caSet, own []string, now time.Time) bool {
 		}
 		i := slices.IndexFunc(ds, func(d declaredTarget) bool { return d.target == t })
 		switch {
+		case i < 0 && len(ds) >= maxDeclaredTargets:
+			undeclared = append(undeclared, t)
 		case i < 0:
 			ds, changed = append(ds, declaredTarget{target: t, renewed: now}), true
 		case !now.Before(ds[i].renewed.Add(every)):
@@ -186,14 +218,10 @@ func (m *machine) declareTargets(st *caSet, own []string, now time.Time) bool {
 		klog.Background().Info("caBundle target declaration lapsed: no replica that publishes to it renewed it; successors no longer wait for it", "provider", m.sched.name,
 			"target", d.target, "lastDeclared", d.renewed.UTC(), "lapse", lapse)
 	}
-	if len(kept) > maxDeclaredTargets {
-		slices.SortStableFunc(kept, func(a, b declaredTarget) int { return b.renewed.Compare(a.renewed) })
-		kept, changed = kept[:maxDeclaredTargets], true
-	}
 	if changed {
 		st.targets = kept
 	}
-	return changed
+	return changed, undeclared
 }
 
 // uncoveredTargets names, as "cabundle/<target>", each target declared in

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certreport"
+	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -57,6 +59,10 @@ type issuer struct {
 	// conflictSince is when the current streak of conflicting checks
 	// began; zero when the last check did not conflict. Guarded by syncMu.
 	conflictSince time.Time
+	// undeclared logs, once, this process's caBundle targets that the
+	// full list of declarations in the Secret had no room for: while it
+	// lasts, a successor does not wait for them when this process is down.
+	undeclared errlog.Once
 
 	mu       sync.RWMutex
 	cas      caSet // the state in force, as last read or written
@@ -372,6 +378,13 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	i.clockAgrees()
+	if len(res.undeclared) > 0 {
+		i.undeclared.Error(klog.Background(), fmt.Errorf("%s: caBundle targets %s not declared in the CA secret: it holds %d declarations already, the most it keeps (%s)",
+			i.cfg.name, strings.Join(res.undeclared, ", "), maxDeclaredTargets, CABundleTargetsAnnotation),
+			"While this replica is down, a successor CA does not wait for these targets; the declarations of removed publishers lapse", "provider", i.cfg.name)
+	} else {
+		i.undeclared.Recovered(klog.Background(), "Every caBundle target of this replica is declared in the CA secret", "provider", i.cfg.name)
+	}
 	if res.unsafe {
 		i.recordUnsafe(st, res.unsafeWhy)
 	}
@@ -388,7 +401,15 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 // adopt takes st as the state in force: the bundle, a leaf re-signed when
 // the schedule says so and issue allows it, the replica announcement and
 // the status.
+//
+// A leaf that cannot be signed (a CA key store that fails or hangs) does
+// not stop the rest: the bundle, the announcement and the status still
+// follow st, so that peers and consumers see what this replica trusts and
+// Status what it decided (the simulator found a promotion, counted unsafe,
+// that Status did not show and a Lease that kept announcing the old
+// trust); the error is returned, and the leaf is tried again with backoff.
 func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
+	var leafErr error
 	i.mu.Lock()
 	// The same CAs make the same bundle: then it is unchanged, and the
 	// one in force stays, as when it is encoded again to the same bytes.
@@ -425,22 +446,22 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 		// always come from the same CA and renew together.
 		issued := make([]*pki.Issued, len(i.cfg.keyTypes))
 		for n, kt := range i.cfg.keyTypes {
-			leaf, err := i.sched.issueLeaf(st, pki.KeyType(kt), i.cfg.commonName, i.cfg.dnsNames, i.cfg.ips, i.cfg.lifetime, now)
-			if err != nil {
-				i.mu.Unlock()
-				return err
+			if issued[n], leafErr = i.sched.issueLeaf(st, pki.KeyType(kt), i.cfg.commonName, i.cfg.dnsNames, i.cfg.ips, i.cfg.lifetime, now); leafErr != nil {
+				break
 			}
-			issued[n] = leaf
 		}
-		i.leaf, i.alts, i.leafPair, i.leafCA, changed = issued[0], issued[1:], issued[0].KeyPair(), st.signing.Cert.Raw, true
-		i.leafIssued = now
-		i.leafCatchUpUntil = time.Time{}
-		if !st.signingSince.IsZero() {
-			i.leafCatchUpUntil = st.signingSince.Add(i.sched.propagation)
+		if leafErr == nil {
+			i.leaf, i.alts, i.leafPair, i.leafCA, changed = issued[0], issued[1:], issued[0].KeyPair(), st.signing.Cert.Raw, true
+			i.leafIssued = now
+			i.leafCatchUpUntil = time.Time{}
+			if !st.signingSince.IsZero() {
+				i.leafCatchUpUntil = st.signingSince.Add(i.sched.propagation)
+			}
+			// The alternatives are reported by the sni controller, which
+			// parses them: whoever parses a certificate reports it
+			// (internal/certreport).
+			i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 		}
-		// The alternatives are reported by the sni controller, which parses
-		// them: whoever parses a certificate reports it (internal/certreport).
-		i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 	}
 	var leafSerial string
 	var leafPEM []byte
@@ -462,7 +483,7 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 	if changed {
 		i.notify()
 	}
-	return nil
+	return leafErr
 }
 
 // keepServing renews this process's leaf from the state last in force when

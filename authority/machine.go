@@ -137,6 +137,9 @@ type stepResult struct {
 	// or not it succeeds, so a replica whose Secret writes fail (a lost
 	// race, RBAC) still adopts and announces what it read.
 	declarationOnly bool
+	// undeclared: this process's caBundle targets that the full list of
+	// declarations had no room for (declareTargets).
+	undeclared []string
 	// skew, when set, is why this replica's clock is the suspect: nothing
 	// was decided, state is the state as read and must not be written.
 	skew *clockSkewError
@@ -236,7 +239,8 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		res.unsafe, res.unsafeWhy = true, why
 	}
 	res.restored = m.restore(st, in.last, in.exists, now)
-	declared := m.declareTargets(st, in.declares, now)
+	declared, undeclared := m.declareTargets(st, in.declares, now)
+	res.undeclared = undeclared
 	obs := in.obs
 	if len(st.targets) > 0 {
 		all, lacking := obs.all, obs.lacking
@@ -426,6 +430,12 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		// The record went back with the CAs (a delete, a backup): the
 		// unsafe rotations this replica knew of happened all the same.
 		st.unsafe = last.unsafe
+	}
+	if restored {
+		// So did the caBundle target declarations: without them, while
+		// their publishers are down, a successor would sign unobserved by
+		// their targets (S1). declareTargets drops the ones that lapsed.
+		st.targets = mergeDeclaredTargets(st.targets, last.targets)
 	}
 	if restored {
 		why := "rolled back to older content"

@@ -38,6 +38,14 @@ func (r *replicaSet) namesInUse(set string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
+	if !r.rootsKnown && len(r.held) > 0 {
+		// Leases held unjudged: before this process read the CAs it checks
+		// announcements against, it cannot tell which sets they announce,
+		// and dropping theirs would make each owner add its own back, a
+		// write per replica after every restart (a review found 8 with 10
+		// sets). Every set counts as in use until they are judged.
+		return true
+	}
 	for _, l := range r.seen {
 		if l.leaf != nil && now.Before(l.observedAt.Add(l.duration+unseen)) && leafNames(l.leaf.DNSNames, l.leaf.IPAddresses) == set {
 			return true
@@ -83,6 +91,11 @@ func addReplicaNames(sets *[]string, own string, inUse func(string) bool) bool {
 			continue
 		}
 		n++
+	}
+	if over := len(*sets) - 2*maxReplicaNameSets; over > 0 {
+		// A hard bound for sets all counted in use (see namesInUse: every
+		// set counts while Leases wait to be judged): the oldest go.
+		*sets = slices.Delete(*sets, 0, over)
 	}
 	return true
 }
