@@ -77,10 +77,12 @@ const (
 // a declaration that nobody renews; until it lapses, successors wait for
 // it, named in RotationStatus.Successor.Pending as "cabundle/<target>". A
 // removal before a successor's publication so never stalls its rotation
-// (the declaration lapses at least a delay before the stall), and a
-// publisher down for less than this holds the rotation; one down longer is
-// taken for removed. Publishers renew their declarations every quarter of
-// it (targetRenewal).
+// (the declaration lapses at least a delay before the stall), unless the
+// floor is longer than that window (CAs that live less than about two
+// days). A publisher down for less than this holds the rotation; one down
+// longer is taken for removed, and what is promoted then is not counted
+// unsafe: nothing tells the two apart yet (docs/operating.md). Publishers
+// renew their declarations every quarter of it (targetRenewal).
 func (r rotation) targetLapse() time.Duration {
 	return max(r.caRenewBefore-r.leafRenewBefore-r.propagation, minTargetLapse)
 }
