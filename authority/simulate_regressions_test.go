@@ -2,6 +2,7 @@ package authority
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,14 @@ var simRegressions = []struct {
 		"seed 6003: 3 replicas, publishers [], 40m0s CAs\n13m35s compromise\n39m47s api r1 for 12m36s *:*:403\n50m9s rotate"},
 	{"S2: a rotation forced by the CA's end counted safe while a live replica lacked the successor (replicaSet.lacking)",
 		"seed 9771: 2 replicas, publishers [r1], 40m0s CAs\n13m7s rotate\n38m57s api r0 for 14m26s secrets:get:403\n45m21s clock r1 -13s"},
+	{"S2: a new process whose list of the Leases timed out promoted an emergency successor a live peer lacked (replicaSet: unlistedPeers)",
+		"seed 4235: 6 replicas, publishers [r0 r1 r2 r4 r5], 1h0m0s CAs\n28m31s silent r5 for 52m50s\n32m32s rollout for 2m21s x12\n45m58s slow r4 for 7m55s leases:*:timeout\n48m43s compromise"},
+	{"S2: an unsafe promotion whose write committed without an answer went uncounted (secretStore.countUnanswered)",
+		"seed 599: 1 replicas, publishers [r0], 1h0m0s CAs\n42m54s kill r0 for 9m19s new-id\n53m12s stop r0 for 8m45s\n58m6s compromise\n1h3m5s slow r0 for 10m16s secrets:update:timeout"},
+	{"S2: a promotion whose leaf the key store could not sign left Status and the Lease as before the check (issuer.adopt)",
+		"seed 2361: 3 replicas, publishers [r2], 40m0s CAs, 3 faults, CA keys in a key store\n7m31s pause r2 for 20m41s\n10m17s compromise\n10m50s keys r0 for 17m42s hang"},
+	{"S2: a peer signed with a CA whose unsafe promotion was recorded in the Secret before its writer counted it (simulator: the record counts)",
+		"seed 2626: 3 replicas, publishers [r1], 40m0s CAs\n4m42s pause r1 for 18m43s\n9m28s compromise\n9m55s slow r0 for 11m4s secrets:*:timeout"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }
@@ -59,6 +68,7 @@ func parseSimPlan(s string) (simPlan, error) {
 	if _, err := fmt.Sscanf(head[0], "seed %d: %d replicas", &p.Seed, &p.Replicas); err != nil {
 		return p, fmt.Errorf("plan head %q: %w", lines[0], err)
 	}
+	p.KeyStore = slices.Contains(head, "CA keys in a key store")
 	pubs := strings.TrimSuffix(strings.TrimPrefix(head[1], "publishers ["), "]")
 	ca := strings.TrimSuffix(head[2], " CAs")
 	p.Publishers = make([]bool, p.Replicas)

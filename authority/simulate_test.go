@@ -206,15 +206,12 @@ func simKinds() []string {
 }
 
 // simRoutineKinds are every fault but hand edits of the Secret (paste,
-// garble, delete), a caBundle publisher that stops while its replica runs
-// (pubdown), API calls slower than the client's timeout (slow) and a
-// failing CA key store (keys): the set make test searches. The others,
-// combined with these, still reach the open gaps (simGaps); make simulate
-// and the mutation test draw every kind. (slow and keys are the newest:
-// with them, seed 4235 of the wider set breaks S2, an open defect; see
-// docs/architecture.md, "Simulator".)
+// garble, delete) and a caBundle publisher that stops while its replica
+// runs (pubdown): the set make test searches. The others, combined with
+// these, still reach the open gaps (simGaps); make simulate and the
+// mutation test draw every kind.
 var simRoutineKinds = []string{
-	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "compromise", "rotate", "forge",
+	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "compromise", "rotate", "forge", "slow", "keys",
 }
 
 var simFaultKinds = []string{
@@ -979,6 +976,15 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 
 // setSecret stores s (nil: deleted) and delivers it to every watch.
 func (w *simWorld) setSecret(s *corev1.Secret) {
+	if s != nil {
+		// An unsafe rotation recorded with the write that made its CA
+		// sign (unsafe_record.go) is one whether or not its writer got
+		// the answer and counted it yet: a peer may sign with that CA
+		// first.
+		if rec := parseUnsafeRecord(s); rec.fingerprint != "" && (w.secret == nil || rec.count > parseUnsafeRecord(w.secret).count) {
+			w.unsafe[rec.fingerprint] = true
+		}
+	}
 	w.secret = s
 	for _, sl := range w.slots {
 		p := sl.proc
