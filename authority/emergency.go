@@ -205,12 +205,24 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), k), true
 		}
 	}
-	if fp == "" || fp == cs.ops.cHandled {
+	if fp == "" {
 		return changed, "", e.drain(cs, &changed)
 	}
 	isSigning := Fingerprint(cs.signing.Cert) == fp
 	isNext := cs.next != nil && Fingerprint(cs.next.Cert) == fp
 	inBundle := slices.ContainsFunc(cs.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
+	if fp == cs.ops.cHandled {
+		if !isSigning && !isNext && !inBundle {
+			return changed, "", e.drain(cs, &changed)
+		}
+		// Handled, and back: pasted into the Secret again by hand or by a
+		// restored backup. A compromised CA never signs or stays trusted
+		// again, so the emergency runs again (the simulator found one
+		// pasted back taken for a successor, promoted, and every replica
+		// refusing to sign with it: none ready).
+		cs.ops.cHandled, changed = "", true
+		e.note("", corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s, marked compromised and removed, is back in the Secret (a hand edit or a restored backup): emergency rotation again", short(fp)))
+	}
 	if !isSigning && !isNext && !inBundle {
 		if !e.knows(fp) {
 			e.mu.Lock()

@@ -431,6 +431,9 @@ type simWorld struct {
 	// deadLeaseAt is when a running process last counted a gone
 	// replica's Lease as live while a marked CA was overdue (gapDeadLease).
 	deadLeaseAt time.Time
+	// editedRV is the resourceVersion of the last hand edit that broke
+	// the Secret's content (paste, garble): see waitsForOperator.
+	editedRV string
 	// hsm is the key store's content (simKeyStore), by reference.
 	hsm        map[string]crypto.Signer
 	quietSince time.Time
@@ -974,6 +977,27 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 	return true, nil, fmt.Errorf("simulated API: %s secrets not supported", a.GetVerb())
 }
 
+// waitsForOperator reports whether every running replica says the Secret
+// is Broken: a hand edit none of them can repair (a CA pasted into tls.crt
+// that ca.crt does not publish, after every replica that knew the content
+// before restarted) waits for the operator, visibly (V1), and the fault
+// has not stopped while the edit stays: no L1 deadline runs.
+func (w *simWorld) waitsForOperator() bool {
+	if w.secret == nil || w.secret.ResourceVersion != w.editedRV {
+		return false // no replica may wait on content it wrote itself
+	}
+	any := false
+	for _, s := range w.slots {
+		if p := s.proc; p != nil && w.alive(p) {
+			if p.a.Status().Phase != PhaseBroken {
+				return false
+			}
+			any = true
+		}
+	}
+	return any
+}
+
 // setSecret stores s (nil: deleted) and delivers it to every watch.
 func (w *simWorld) setSecret(s *corev1.Secret) {
 	if s != nil {
@@ -1382,6 +1406,8 @@ func (w *simWorld) editSecret(f simFault) {
 	if w.secret == nil {
 		return
 	}
+	// A mark added to a Secret that still holds a broken edit keeps it.
+	stillEdited := w.secret.ResourceVersion == w.editedRV
 	s := w.secret.DeepCopy()
 	switch f.Kind {
 	case "delete":
@@ -1414,6 +1440,9 @@ func (w *simWorld) editSecret(f simFault) {
 		s.Annotations[RotateRequestedAnnotation] = w.now.UTC().Format(time.RFC3339)
 	}
 	s.ResourceVersion = w.nextRV()
+	if f.Kind == "paste" || f.Kind == "garble" || stillEdited {
+		w.editedRV = s.ResourceVersion
+	}
 	w.setSecret(s)
 }
 
@@ -1741,7 +1770,7 @@ func (w *simWorld) checkInvariants() {
 	// started after the edit, or holds only a CA marked compromised) is a
 	// fault that lasts until an operator repairs it: V1 requires it to be
 	// visible, L1 cannot require progress.
-	if anyAlive && quiet >= simSettle && !anyReady && w.settledProc() && !brokenForGood {
+	if anyAlive && quiet >= simSettle && !anyReady && w.settledProc() && !brokenForGood && !w.waitsForOperator() {
 		w.fail("L1", "no replica is ready %v after the last fault", quiet)
 		return
 	}
