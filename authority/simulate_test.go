@@ -661,9 +661,7 @@ func (w *simWorld) start(s *simSlot) {
 	p.wretry.SetJitterSource(src.Float64)
 	// A bare Clientset: NewClientset builds a REST mapper of the whole
 	// scheme, milliseconds per process.
-	cs := &fake.Clientset{}
-	cs.AddReactor("*", "*", func(a clienttesting.Action) (bool, apiruntime.Object, error) { return w.serve(p, a) })
-	cfg.Client = cs
+	cfg.Client = newSimClientset(w, p)
 	if s.publisher {
 		cfg.Observers = []Observer{simObserver{w}}
 	}
