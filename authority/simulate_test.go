@@ -10,7 +10,6 @@ package authority
 // on it.
 
 import (
-	"container/heap"
 	"context"
 	"crypto"
 	"crypto/x509"
@@ -393,21 +392,56 @@ type simEvent struct {
 	fn  func()
 }
 
+// simQueue is a binary min-heap of events by time, then by the order they
+// were queued (seq, unique): a total order, so events run in the same
+// order whatever the heap's layout. Typed rather than container/heap,
+// whose interface calls and boxing cost more than the comparisons.
 type simQueue []*simEvent
 
 func (q simQueue) Len() int { return len(q) }
-func (q simQueue) Less(i, j int) bool {
+
+func (q simQueue) less(i, j int) bool {
 	if !q[i].at.Equal(q[j].at) {
 		return q[i].at.Before(q[j].at)
 	}
 	return q[i].seq < q[j].seq
 }
-func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *simQueue) Push(x any)   { *q = append(*q, x.(*simEvent)) }
-func (q *simQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
+
+func (q *simQueue) push(e *simEvent) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h.less(i, parent) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
+}
+
+func (q *simQueue) pop() *simEvent {
+	h := *q
+	e := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = nil
+	h = h[:n]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && h.less(l, least) {
+			least = l
+		}
+		if r < n && h.less(r, least) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
+	*q = h
 	return e
 }
 
@@ -475,6 +509,8 @@ type simWorld struct {
 	// foreign CAs the simulator made (pasted, forged): never trusted by
 	// design.
 	foreign *simCA
+	// fps caches fingerprints by certificate (fingerprint).
+	fps map[*x509.Certificate]string
 	// unprobed is checkInvariants' list of the replicas whose readiness
 	// it has not asked yet, kept to reuse its array.
 	unprobed []*simProc
@@ -571,7 +607,7 @@ func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) 
 
 func (w *simWorld) at(t time.Time, fn func()) {
 	w.seq++
-	heap.Push(&w.q, &simEvent{at: t, seq: w.seq, fn: fn})
+	w.q.push(&simEvent{at: t, seq: w.seq, fn: fn})
 }
 
 func (w *simWorld) log(format string, args ...any) {
@@ -610,7 +646,7 @@ func (w *simWorld) run() (*simViolation, simStats) {
 	end := simEpoch.Add(w.plan.horizon())
 	sameInstant := 0
 	for w.q.Len() > 0 && w.v == nil {
-		e := heap.Pop(&w.q).(*simEvent)
+		e := w.q.pop()
 		if e.at.After(end) {
 			break
 		}
@@ -1160,7 +1196,23 @@ func (o simObserver) Name() string { return "cabundle" }
 func (o simObserver) Targets() []string { return []string{"ValidatingWebhookConfiguration \"sim\""} }
 func (o simObserver) Observed(ca *x509.Certificate) bool {
 	t := o.w.target
-	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
+	return len(t) > 0 && t[len(t)-1].fps[o.w.fingerprint(ca)]
+}
+
+// fingerprint is Fingerprint(c), kept by c's identity for the run: every
+// check of every publishing replica asks about the same few CAs, parsed
+// once (costly.parseCA and parseBundle are memoized), and a certificate is
+// never changed once parsed.
+func (w *simWorld) fingerprint(c *x509.Certificate) string {
+	fp, ok := w.fps[c]
+	if !ok {
+		if w.fps == nil {
+			w.fps = map[*x509.Certificate]string{}
+		}
+		fp = Fingerprint(c)
+		w.fps[c] = fp
+	}
+	return fp
 }
 
 // simParsed maps a bundle's PEM to its fingerprints. A map under a lock
