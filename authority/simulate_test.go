@@ -919,8 +919,9 @@ func (w *simWorld) kicked(p *simProc) {
 
 // ---- the API server ---------------------------------------------------
 
-// serve answers one request. The action is the fake's copy of the
-// caller's (Fake.Invokes copies it), so its object is the simulator's to keep.
+// serve answers one request. The action is a copy of the caller's
+// (Fake.Invokes, or simClientset, copies it), so its object is the
+// simulator's to keep.
 func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.Object, error) {
 	res, verb := a.GetResource().Resource, a.GetVerb()
 	gr := schema.GroupResource{Group: a.GetResource().Group, Resource: res}
