@@ -52,34 +52,52 @@ const announcementVersion = "evercert.io/replica-announcement/v1"
 // so no two Leases encode the same. renewTime is encoded at the
 // microsecond precision the API server stores (MicroTime).
 func announcementMessage(l *coordinationv1.Lease) []byte {
-	var holder, duration, renew string
+	var holder string
 	if l.Spec.HolderIdentity != nil {
 		holder = *l.Spec.HolderIdentity
 	}
+	// The numbers and the time are formatted into buffers on the stack,
+	// and the fields appended straight into one slice sized once: every
+	// peer builds this for every renewal it verifies.
+	var durationBuf [20]byte
+	var duration []byte
 	if l.Spec.LeaseDurationSeconds != nil {
-		duration = strconv.Itoa(int(*l.Spec.LeaseDurationSeconds))
+		duration = strconv.AppendInt(durationBuf[:0], int64(*l.Spec.LeaseDurationSeconds), 10)
 	}
+	var renewBuf [64]byte
+	var renew []byte
 	if l.Spec.RenewTime != nil {
-		renew = l.Spec.RenewTime.UTC().Format(metav1.RFC3339Micro)
+		renew = l.Spec.RenewTime.UTC().AppendFormat(renewBuf[:0], metav1.RFC3339Micro)
 	}
-	fields := []string{announcementVersion, l.Namespace, l.Name, l.Labels[LeaseLabel], holder, duration, renew,
-		l.Annotations[TrustedCAsAnnotation], l.Annotations[BundleHashAnnotation], l.Annotations[LeafSerialAnnotation],
-		l.Annotations[LeafAnnotation], l.Annotations[ClocksAheadAnnotation]}
-	if v := l.Annotations[CoveredTargetsAnnotation]; v != "" {
+	label := l.Labels[LeaseLabel]
+	trusted, hash, leafSerial := l.Annotations[TrustedCAsAnnotation], l.Annotations[BundleHashAnnotation], l.Annotations[LeafSerialAnnotation]
+	leaf, ahead, covered := l.Annotations[LeafAnnotation], l.Annotations[ClocksAheadAnnotation], l.Annotations[CoveredTargetsAnnotation]
+	n := 13*binary.MaxVarintLen64 + len(announcementVersion) + len(l.Namespace) + len(l.Name) + len(label) + len(holder) +
+		len(duration) + len(renew) + len(trusted) + len(hash) + len(leafSerial) + len(leaf) + len(ahead) + len(covered)
+	b := make([]byte, 0, n)
+	field := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	field(announcementVersion)
+	field(l.Namespace)
+	field(l.Name)
+	field(label)
+	field(holder)
+	b = binary.AppendUvarint(b, uint64(len(duration)))
+	b = append(b, duration...)
+	b = binary.AppendUvarint(b, uint64(len(renew)))
+	b = append(b, renew...)
+	field(trusted)
+	field(hash)
+	field(leafSerial)
+	field(leaf)
+	field(ahead)
+	if covered != "" {
 		// Only when set, so the announcements of replicas that publish to
 		// no target encode as before and a rollout from an older version
 		// believes them.
-		fields = append(fields, v)
-	}
-	// Sized once: every peer builds it for every renewal it verifies.
-	n := 0
-	for _, s := range fields {
-		n += binary.MaxVarintLen64 + len(s)
-	}
-	b := make([]byte, 0, n)
-	for _, s := range fields {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
+		field(covered)
 	}
 	return b
 }

@@ -163,7 +163,9 @@ func (r *secretReads) failed(staleRV string) {
 
 // read returns the Secret as the API server has it, from the watch's cache
 // when it is current, else with a GET; the error is the GET's (NotFound
-// when the cache holds no such Secret). The Secret is the caller's.
+// when the cache holds no such Secret). The Secret is read-only: one from
+// the cache is the cache's, not copied at every check (updateOnce parses
+// it and changes only a copy, the one it writes).
 func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
 	now := r.src.Config.Clock.Now()
 	r.mu.Lock()
@@ -176,7 +178,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		if !inCache {
 			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
 		}
-		return cached.DeepCopy(), nil
+		return cached, nil
 	}
 	secret, err := r.src.Config.Client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
 	r.mu.Lock()

@@ -74,10 +74,22 @@ func init() {
 	// the CAs from that of bundles, so they are the same pointers at every
 	// renewal, and a certificate is never changed once parsed.
 	signedPairs := newSimPtrMemo[[2]*x509.Certificate, bool]()
+	// A leaf the simulated replicas issued was signed by its CA's key
+	// (issuer, by the leaf's identity): checked against a CA with another
+	// public key, its signature does not verify (that would be an ECDSA
+	// forgery), which peers ask at every renewal of a leaf of the newer
+	// CA against the older CAs of the bundle, listed first.
+	issuer := newSimPtrMemo[*x509.Certificate, crypto.PublicKey]()
 	costly.signedBy = func(c, ca *x509.Certificate) bool {
 		k := [2]*x509.Certificate{c, ca}
 		if v, ok := signedPairs.get(k); ok {
 			return v
+		}
+		if pub, ok := issuer.get(c); ok {
+			if pub, ok := pub.(interface{ Equal(crypto.PublicKey) bool }); ok && !pub.Equal(ca.PublicKey) {
+				signedPairs.put(k, false)
+				return false
+			}
 		}
 		v := signatures.get(func() bool { return signedBy(c, ca) }, c.Raw, ca.Raw)
 		signedPairs.put(k, v)
@@ -90,10 +102,27 @@ func init() {
 	// that same signature with the parent's key (without SHA-1), after
 	// checking that the parent may sign certificates (caMaySign): where
 	// both hold, its answer is known to be true without verifying again.
+	//
+	// Its peers parse the leaf from its announcement, which is
+	// leafCertPEM of it (issuer.adopt), the encoding pki.IssueLeaf gave it
+	// in leaf.CertPEM: parseAnnouncedLeaf of those bytes is
+	// x509.ParseCertificate of leaf.Cert.Raw, which is how pki.IssueLeaf
+	// made leaf.Cert, so the memo of announced leaves learns it here
+	// instead of parsing it again at the first peer. issuedFor maps the
+	// leaf's public key (by identity: its signer's Public()) to it.
+	issuedFor := newSimPtrMemo[crypto.PublicKey, *x509.Certificate]()
 	costly.issueLeaf = func(ca *pki.Issued, r pki.Request) (*pki.Issued, error) {
 		leaf, err := issueLeaf(ca, r)
-		if err == nil && caMaySign(ca.Cert) && !sha1Signed(leaf.Cert.SignatureAlgorithm) {
+		if err != nil {
+			return leaf, err
+		}
+		if caMaySign(ca.Cert) && !sha1Signed(leaf.Cert.SignatureAlgorithm) {
 			signatures.put(true, leaf.Cert.Raw, ca.Cert.Raw)
+		}
+		issuer.put(leaf.Cert, ca.Cert.PublicKey)
+		leaves.put(leaf.Cert, leaf.CertPEM)
+		if simKeyHasIdentity(leaf.Key.Public()) {
+			issuedFor.put(leaf.Key.Public(), leaf.Cert)
 		}
 		return leaf, err
 	}
@@ -123,10 +152,25 @@ func init() {
 		if err := sign(l, key); err != nil {
 			return err
 		}
-		der, err := ders.get(key.Public())
-		sig, err2 := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
-		if err == nil && err2 == nil {
-			verified.put(nil, der, announcementMessage(l), sig)
+		sig, err := base64.StdEncoding.DecodeString(l.Annotations[SignatureAnnotation])
+		if err != nil {
+			return nil
+		}
+		msg := announcementMessage(l)
+		// Its peers verify with the public key of the leaf they parse
+		// from the announcement, which the memo of announced leaves
+		// gives them as the certificate issued for key (issueLeaf): that
+		// key, by identity, verifies sig over msg. Else (a leaf issued
+		// before the memo forgot it) by the key's encoding.
+		pub := key.Public()
+		if simKeyHasIdentity(pub) {
+			if leaf, ok := issuedFor.get(pub); ok {
+				bySig.put(leaf.PublicKey, msg, sig, nil)
+				return nil
+			}
+		}
+		if der, err := ders.get(pub); err == nil {
+			verified.put(nil, der, msg, sig)
 		}
 		return nil
 	}
@@ -424,6 +468,12 @@ func TestAnnouncementMessageEncoding(t *testing.T) {
 	want := ref(announcementVersion, "ns", "lease", "label", "holder", "360", "2031-01-02T03:04:05.678901Z", "a,b", "hash", "1f", strings.Repeat("p", 300), "r2")
 	if got := announcementMessage(full); !bytes.Equal(got, want) {
 		t.Errorf("announcementMessage(full) = %q, want %q", got, want)
+	}
+	covering := full.DeepCopy()
+	covering.Annotations[CoveredTargetsAnnotation] = "t1\nt2"
+	want = ref(announcementVersion, "ns", "lease", "label", "holder", "360", "2031-01-02T03:04:05.678901Z", "a,b", "hash", "1f", strings.Repeat("p", 300), "r2", "t1\nt2")
+	if got := announcementMessage(covering); !bytes.Equal(got, want) {
+		t.Errorf("announcementMessage(covering) = %q, want %q", got, want)
 	}
 	bare := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease"}}
 	want = ref(announcementVersion, "ns", "lease", "", "", "", "", "", "", "", "", "")

@@ -10,7 +10,6 @@ package authority
 // on it.
 
 import (
-	"container/heap"
 	"context"
 	"crypto"
 	"crypto/x509"
@@ -390,21 +389,56 @@ type simEvent struct {
 	fn  func()
 }
 
+// simQueue is a binary min-heap of events by time, then by the order they
+// were queued (seq, unique): a total order, so events run in the same
+// order whatever the heap's layout. Typed rather than container/heap,
+// whose interface calls and boxing cost more than the comparisons.
 type simQueue []*simEvent
 
 func (q simQueue) Len() int { return len(q) }
-func (q simQueue) Less(i, j int) bool {
+
+func (q simQueue) less(i, j int) bool {
 	if !q[i].at.Equal(q[j].at) {
 		return q[i].at.Before(q[j].at)
 	}
 	return q[i].seq < q[j].seq
 }
-func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *simQueue) Push(x any)   { *q = append(*q, x.(*simEvent)) }
-func (q *simQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
+
+func (q *simQueue) push(e *simEvent) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h.less(i, parent) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
+}
+
+func (q *simQueue) pop() *simEvent {
+	h := *q
+	e := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = nil
+	h = h[:n]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && h.less(l, least) {
+			least = l
+		}
+		if r < n && h.less(r, least) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
+	*q = h
 	return e
 }
 
@@ -475,6 +509,11 @@ type simWorld struct {
 	// foreign CAs the simulator made (pasted, forged): never trusted by
 	// design.
 	foreign *simCA
+	// fps caches fingerprints by certificate (fingerprint).
+	fps map[*x509.Certificate]string
+	// unprobed is checkInvariants' list of the replicas whose readiness
+	// it has not asked yet, kept to reuse its array.
+	unprobed []*simProc
 }
 
 type simAPIFault struct {
@@ -568,7 +607,7 @@ func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) 
 
 func (w *simWorld) at(t time.Time, fn func()) {
 	w.seq++
-	heap.Push(&w.q, &simEvent{at: t, seq: w.seq, fn: fn})
+	w.q.push(&simEvent{at: t, seq: w.seq, fn: fn})
 }
 
 func (w *simWorld) log(format string, args ...any) {
@@ -607,7 +646,7 @@ func (w *simWorld) run() (*simViolation, simStats) {
 	end := simEpoch.Add(w.plan.horizon())
 	sameInstant := 0
 	for w.q.Len() > 0 && w.v == nil {
-		e := heap.Pop(&w.q).(*simEvent)
+		e := w.q.pop()
 		if e.at.After(end) {
 			break
 		}
@@ -658,9 +697,7 @@ func (w *simWorld) start(s *simSlot) {
 	p.wretry.SetJitterSource(src.Float64)
 	// A bare Clientset: NewClientset builds a REST mapper of the whole
 	// scheme, milliseconds per process.
-	cs := &fake.Clientset{}
-	cs.AddReactor("*", "*", func(a clienttesting.Action) (bool, apiruntime.Object, error) { return w.serve(p, a) })
-	cfg.Client = cs
+	cfg.Client = newSimClientset(w, p)
 	if s.publisher {
 		cfg.Observers = []Observer{simObserver{w}}
 	}
@@ -882,8 +919,9 @@ func (w *simWorld) kicked(p *simProc) {
 
 // ---- the API server ---------------------------------------------------
 
-// serve answers one request. The action is the fake's copy of the
-// caller's (Fake.Invokes copies it), so its object is the simulator's to keep.
+// serve answers one request. The action is a copy of the caller's
+// (Fake.Invokes, or simClientset, copies it), so its object is the
+// simulator's to keep.
 func (w *simWorld) serve(p *simProc, a clienttesting.Action) (bool, apiruntime.Object, error) {
 	res, verb := a.GetResource().Resource, a.GetVerb()
 	gr := schema.GroupResource{Group: a.GetResource().Group, Resource: res}
@@ -1010,14 +1048,18 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 		}
 	}
 	w.secret = s
+	// One copy for every watch: a process never changes what its watch
+	// delivers (its reads copy the cached Secret, secretReads.read), so
+	// a copy each, as separate processes have, decides nothing the
+	// shared one does not; the copy keeps the API's object apart.
+	var snap *corev1.Secret
+	if s != nil {
+		snap = s.DeepCopy()
+	}
 	for _, sl := range w.slots {
 		p := sl.proc
 		if p == nil {
 			continue
-		}
-		var snap *corev1.Secret
-		if s != nil {
-			snap = s.DeepCopy()
 		}
 		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
 	}
@@ -1138,16 +1180,18 @@ func (w *simWorld) setLease(name string, l *coordinationv1.Lease) {
 	} else {
 		w.leases[name] = l
 	}
+	// One copy for every watch, as for the Secret (setSecret): a process
+	// copies a Lease before it changes it (replicaSet.write, release).
+	snap, gone := l, false
+	if l == nil {
+		snap, gone = old, true
+	}
+	snap = snap.DeepCopy()
 	for _, sl := range w.slots {
 		p := sl.proc
 		if p == nil {
 			continue
 		}
-		snap, gone := l, false
-		if l == nil {
-			snap, gone = old, true
-		}
-		snap = snap.DeepCopy()
 		w.at(w.fifo(p, "lease/"+name, w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverLease(p, snap, gone) })
 	}
 }
@@ -1183,7 +1227,23 @@ func (o simObserver) Name() string { return "cabundle" }
 func (o simObserver) Targets() []string { return []string{"ValidatingWebhookConfiguration \"sim\""} }
 func (o simObserver) Observed(ca *x509.Certificate) bool {
 	t := o.w.target
-	return len(t) > 0 && t[len(t)-1].fps[Fingerprint(ca)]
+	return len(t) > 0 && t[len(t)-1].fps[o.w.fingerprint(ca)]
+}
+
+// fingerprint is Fingerprint(c), kept by c's identity for the run: every
+// check of every publishing replica asks about the same few CAs, parsed
+// once (costly.parseCA and parseBundle are memoized), and a certificate is
+// never changed once parsed.
+func (w *simWorld) fingerprint(c *x509.Certificate) string {
+	fp, ok := w.fps[c]
+	if !ok {
+		if w.fps == nil {
+			w.fps = map[*x509.Certificate]string{}
+		}
+		fp = Fingerprint(c)
+		w.fps[c] = fp
+	}
+	return fp
 }
 
 // simParsed maps a bundle's PEM to its fingerprints. A map under a lock
@@ -1556,7 +1616,9 @@ func (w *simWorld) live(p *simProc) bool {
 	return l != nil && l.Spec.RenewTime != nil && w.now.Add(p.slot.offset).Before(l.Spec.RenewTime.Add(simLease))
 }
 
-func (w *simWorld) ready(p *simProc) bool {
+// mayBeReady reports whether p may pass its readiness probe (ready is
+// mayBeReady and probe), and sets its clock for the probe.
+func (w *simWorld) mayBeReady(p *simProc) bool {
 	if p == nil || !w.alive(p) || w.paused(p) || p.leafSN == "" {
 		return false
 	}
@@ -1564,7 +1626,101 @@ func (w *simWorld) ready(p *simProc) bool {
 		return false // resumed, and its overdue timer has not fired yet
 	}
 	p.setClock(w) // a probe comes now, not at the process's last act
-	return p.readiness.Check(nil) == nil
+	return true
+}
+
+// probe asks p's readiness probe, after mayBeReady at this event.
+func (w *simWorld) probe(p *simProc) bool { return p.readiness.Check(nil) == nil }
+
+// simClient is a client of the caBundle target that follows it with lag:
+// it trusts trust, and trust0 without the lag.
+type simClient struct {
+	lag           time.Duration
+	trust, trust0 map[string]bool
+}
+
+// checkServed is S1 for ready replica p: every client verifies its leaf.
+// With apply false it only reports whether it would find anything (a
+// violation or an open gap), and changes nothing; with apply it records
+// what it finds and reports whether it failed the run.
+func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Duration, apply bool) bool {
+	s := p.slot
+	leaf := p.a.Leaf()
+	if leaf == nil {
+		return false
+	}
+	if !w.now.Before(leaf.NotAfter) && s.offset < 0 && w.now.Sub(leaf.NotAfter) <= -s.offset {
+		// Known and open: a replica whose clock is behind (within the
+		// tolerance) serves a leaf capped at its CA's end for that
+		// much past the end, when the CA was not replaced in time
+		// (a stalled rotation, visibly Stalled before).
+		if apply {
+			w.gaps[gapClockBehindAtEnd] = true
+		}
+		return !apply
+	}
+	if w.now.Before(leaf.NotBefore) || !w.now.Before(leaf.NotAfter) {
+		if apply {
+			st := p.a.Status()
+			w.fail("S1", "ready replica r%d serves a leaf valid %s to %s at %s (its clock %s; phase %s)", s.idx, leaf.NotBefore.Format(time.TimeOnly), leaf.NotAfter.Format(time.TimeOnly),
+				w.now.Format(time.TimeOnly), p.clk.Now().Format(time.TimeOnly), st.Phase)
+		}
+		return true
+	}
+	ca := p.leafCA
+	if _, compromised := w.marked[ca]; compromised {
+		// The emergency's intent: clients stop trusting a CA marked
+		// compromised. A replica cut off from the API (it cannot read
+		// the mark, its Lease ages out, its peers drain without it)
+		// serves it until it reads again; S3 bounds that.
+		return false
+	}
+	if ca == w.first || w.unsafe[ca] || w.emergency[ca] || w.gapCAs[ca] {
+		return false
+	}
+	for _, c := range clients {
+		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] && c.lag > 0 && c.trust0[ca] {
+			// Known and open: an observer confirms that the target
+			// holds the CA, and a successor confirmed only after its
+			// delay (a publisher that was down) signs at once, while
+			// the target's own clients (the kube-apiserver's informer)
+			// take a moment more. The cabundle observer should confirm
+			// only once the target has held the CA for a moment.
+			if !apply {
+				return true
+			}
+			w.gaps[gapLateConfirmation] = true
+			continue
+		}
+		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] {
+			if apply {
+				w.fail("S1", "caBundle client (lag %v) does not trust CA %s of ready replica r%d", c.lag, short(ca), s.idx)
+			}
+			return true
+		}
+	}
+	// The clients of s's own bundle file (a replica's consumers read
+	// its pod's file). Up to the delay less the skew tolerance: each
+	// replica counts the delay on its own clock, and a clock that
+	// steps forward within the tolerance while it runs shortens it by
+	// as much.
+	for _, lag := range [...]time.Duration{0, maxLag / 2, maxLag} {
+		if t := trustAt(s.file, w.now, lag); t != nil && !t[ca] {
+			if p.samePod && !p.ownLease {
+				// Known and open: see gapSamePodRestart.
+				if !apply {
+					return true
+				}
+				w.gaps[gapSamePodRestart] = true
+				continue
+			}
+			if apply {
+				w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", s.idx, lag, short(ca), s.idx)
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // checkIssued is S2 and S3 at the moment p issued a leaf signed by ca. S2
@@ -1628,21 +1784,24 @@ func (w *simWorld) checkInvariants() {
 		}
 	}
 	quiet := w.now.Sub(w.quietSince)
-	type client struct {
-		lag           time.Duration
-		trust, trust0 map[string]bool
-	}
-	var clients []client
+	var clients []simClient
 	if len(w.target) > 0 {
 		for _, lag := range []time.Duration{0, simTargetLag} {
-			clients = append(clients, client{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
+			clients = append(clients, simClient{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
 		}
 	}
 	// The plan's durations, looked up once per event rather than copying
 	// its Config at each use.
 	delay, renewBefore := w.plan.cfg().PropagationDelay, w.plan.cfg().CARenewBefore
 	maxLag := delay - simSkew
+	// The readiness probe (Status, every field copied) is asked only where
+	// a verdict depends on it: S1 of a replica whose leaf a client would
+	// not verify, and L1's "no replica is ready". It reads and changes
+	// nothing, and the probes that may be asked have their clocks set
+	// here as before (mayBeReady), so asking later, or not at all, gives
+	// the same verdicts as asking every replica at every event.
 	anyReady, anyAlive := false, false
+	unprobed := w.unprobed[:0]
 	for _, s := range w.slots {
 		p := s.proc
 		if p == nil || !w.alive(p) {
@@ -1659,73 +1818,22 @@ func (w *simWorld) checkInvariants() {
 		// read the current resourceVersion) or whose state in force is not
 		// the Secret's says so within simVisible.
 		w.checkVisible(p)
-		if !w.ready(p) {
+		if !w.mayBeReady(p) {
+			continue
+		}
+		if !w.checkServed(p, clients, maxLag, false) {
+			unprobed = append(unprobed, p)
+			continue
+		}
+		if !w.probe(p) {
 			continue
 		}
 		anyReady = true
-		// S1: every client of a ready replica verifies its leaf.
-		leaf := p.a.Leaf()
-		if leaf == nil {
-			continue
-		}
-		if !w.now.Before(leaf.NotAfter) && s.offset < 0 && w.now.Sub(leaf.NotAfter) <= -s.offset {
-			// Known and open: a replica whose clock is behind (within the
-			// tolerance) serves a leaf capped at its CA's end for that
-			// much past the end, when the CA was not replaced in time
-			// (a stalled rotation, visibly Stalled before).
-			w.gaps[gapClockBehindAtEnd] = true
-			continue
-		}
-		if w.now.Before(leaf.NotBefore) || !w.now.Before(leaf.NotAfter) {
-			st := p.a.Status()
-			w.fail("S1", "ready replica r%d serves a leaf valid %s to %s at %s (its clock %s; phase %s)", s.idx, leaf.NotBefore.Format(time.TimeOnly), leaf.NotAfter.Format(time.TimeOnly),
-				w.now.Format(time.TimeOnly), p.clk.Now().Format(time.TimeOnly), st.Phase)
+		if w.checkServed(p, clients, maxLag, true) {
 			return
 		}
-		ca := p.leafCA
-		if _, compromised := w.marked[ca]; compromised {
-			// The emergency's intent: clients stop trusting a CA marked
-			// compromised. A replica cut off from the API (it cannot read
-			// the mark, its Lease ages out, its peers drain without it)
-			// serves it until it reads again; S3 bounds that.
-			continue
-		}
-		if ca == w.first || w.unsafe[ca] || w.emergency[ca] || w.gapCAs[ca] {
-			continue
-		}
-		for _, c := range clients {
-			if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] && c.lag > 0 && c.trust0[ca] {
-				// Known and open: an observer confirms that the target
-				// holds the CA, and a successor confirmed only after its
-				// delay (a publisher that was down) signs at once, while
-				// the target's own clients (the kube-apiserver's informer)
-				// take a moment more. The cabundle observer should confirm
-				// only once the target has held the CA for a moment.
-				w.gaps[gapLateConfirmation] = true
-				continue
-			}
-			if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] {
-				w.fail("S1", "caBundle client (lag %v) does not trust CA %s of ready replica r%d", c.lag, short(ca), s.idx)
-				return
-			}
-		}
-		// The clients of s's own bundle file (a replica's consumers read
-		// its pod's file). Up to the delay less the skew tolerance: each
-		// replica counts the delay on its own clock, and a clock that
-		// steps forward within the tolerance while it runs shortens it by
-		// as much.
-		for _, lag := range []time.Duration{0, maxLag / 2, maxLag} {
-			if t := trustAt(s.file, w.now, lag); t != nil && !t[ca] {
-				if p.samePod && !p.ownLease {
-					// Known and open: see gapSamePodRestart.
-					w.gaps[gapSamePodRestart] = true
-					continue
-				}
-				w.fail("S1", "a client of r%d's bundle file (lag %v) does not trust CA %s that r%d serves", s.idx, lag, short(ca), s.idx)
-				return
-			}
-		}
 	}
+	w.unprobed = unprobed
 	// S3: a CA marked compromised leaves every bundle within
 	// simDrainBound of quiet time.
 	brokenForGood := w.secret != nil && w.parsedSign == nil
@@ -1770,7 +1878,7 @@ func (w *simWorld) checkInvariants() {
 	// started after the edit, or holds only a CA marked compromised) is a
 	// fault that lasts until an operator repairs it: V1 requires it to be
 	// visible, L1 cannot require progress.
-	if anyAlive && quiet >= simSettle && !anyReady && w.settledProc() && !brokenForGood && !w.waitsForOperator() {
+	if anyAlive && quiet >= simSettle && !anyReady && w.settledProc() && !brokenForGood && !slices.ContainsFunc(unprobed, w.probe) && !w.waitsForOperator() {
 		w.fail("L1", "no replica is ready %v after the last fault", quiet)
 		return
 	}
