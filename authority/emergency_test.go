@@ -471,3 +471,65 @@ func TestEmergencyWhileBlindIsCountedUnsafe(t *testing.T) {
 	}
 	assert.Equal(t, 1, counted, "the promoting replica counts it, once")
 }
+
+// TestCompromisedCAPastedBackIsRotatedAgain: after an emergency has
+// removed a compromised CA and recorded it handled, the CA comes back into
+// tls.crt with its key (an operator restores an old backup by hand). It
+// must not sign or stay trusted again: the emergency runs again, a new
+// successor signs, the CA leaves every bundle, and every replica serves a
+// leaf. Before, the pasted CA was taken for a successor and promoted while
+// no replica would sign with it (the simulator, wider set, seed 2070: no
+// replica ready).
+func TestCompromisedCAPastedBackIsRotatedAgain(t *testing.T) {
+	w := newEmergencyWorld(t)
+	before := w.secret().DeepCopy()
+	cas, err := pki.ParseCABundle(before.Data["tls.crt"])
+	require.NoError(t, err)
+	fp := authority.Fingerprint(cas[0])
+	w.emergency()
+
+	for {
+		s := w.secret()
+		s.Data["tls.crt"], s.Data["tls.key"] = before.Data["tls.crt"], before.Data["tls.key"]
+		_, err := w.client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
+		if !apierrors.IsConflict(err) {
+			require.NoError(t, err)
+			break
+		}
+	}
+	pasted := w.clk.Now()
+	done := func() bool {
+		signing, err := pki.ParseCABundle(w.secret().Data["tls.crt"])
+		if err != nil || authority.Fingerprint(signing[0]) == fp || holds(w.secret().Data[dynamiccert.SecretCAKey], fp) || holds(w.published(), fp) {
+			return false
+		}
+		for _, a := range w.replicas {
+			leaf := a.Leaf()
+			if leaf == nil || holds(a.CurrentCABundleContent(), fp) || authority.Fingerprint(signing[0]) != authority.Fingerprint(leafCA(t, a)) {
+				return false
+			}
+		}
+		return true
+	}
+	for !done() {
+		require.Less(t, w.clk.Since(pasted), 15*time.Minute, "the compromised CA pasted back is still in use: signing %v, ca.crt holds it %v, published %v, annotations %v",
+			w.secret().Data["tls.crt"] != nil, holds(w.secret().Data[dynamiccert.SecretCAKey], fp), holds(w.published(), fp), w.secret().Annotations)
+		w.step(time.Second)
+	}
+	require.Zero(t, w.failed.Load(), "failed handshakes of a client following the caBundle")
+}
+
+// leafCA returns the CA in a's bundle that signed its leaf.
+func leafCA(t *testing.T, a *authority.Authority) *x509.Certificate {
+	t.Helper()
+	cas, err := pki.ParseCABundle(a.CurrentCABundleContent())
+	require.NoError(t, err)
+	leaf := a.Leaf()
+	for _, c := range cas {
+		if leaf.CheckSignatureFrom(c) == nil {
+			return c
+		}
+	}
+	t.Fatalf("%s: no CA of its bundle signed its leaf", a.Name())
+	return nil
+}
