@@ -1,8 +1,10 @@
-// Module github.com/evercert/evercert/test/deploy proves the kustomize bases
-// in deploy/kustomize against a real kube-apiserver and builds the examples'
-// container images (cmd/image). It is a separate module so that the
-// library's go.mod takes no kustomize or go-containerregistry dependency.
-// Run with make test-deploy (part of make test) and make image.
+// Module github.com/evercert/evercert/test/deploy proves the Helm charts in
+// deploy/helm and the kustomize bases in deploy/kustomize (rendered from
+// them by cmd/kustomize-bases) against a real kube-apiserver and builds the
+// examples' container images (cmd/image). It is a separate module so that
+// the library's go.mod takes no Helm, kustomize or go-containerregistry
+// dependency. Run with make test-deploy (part of make test),
+// make generate-kustomize and make image.
 module github.com/evercert/evercert/test/deploy
 
 go 1.26.0
@@ -18,6 +20,7 @@ require (
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
@@ -127,7 +130,6 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace github.com/evercert/evercert => ../..
