@@ -544,13 +544,18 @@ func jsonOf(v any) string {
 	return string(b)
 }
 
-// checkWorkload checks the Deployment's image and replicas and the
-// PodDisruptionBudget (all replicas but one), and returns its container.
+// checkWorkload checks the Deployment's image and replicas, that a rolling
+// update of that many replicas needs no more nodes (TestBasesFollowTheRules),
+// and the PodDisruptionBudget (all replicas but one), and returns its
+// container.
 func checkWorkload(t *testing.T, objs []*unstructured.Unstructured, image string, replicas int32) corev1.Container {
 	t.Helper()
 	d := one[appsv1.Deployment](t, objs, "Deployment")
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != replicas {
 		t.Errorf("Deployment %s: replicas %v, want %d", d.Name, d.Spec.Replicas, replicas)
+	}
+	if err := rollsOnAsManyNodes(d); err != nil {
+		t.Errorf("Deployment %s: %v", d.Name, err)
 	}
 	pdb := one[policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget")
 	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != int(replicas-1) {
