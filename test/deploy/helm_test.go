@@ -417,6 +417,9 @@ func newInstall(t *testing.T, kubeconfig string, d chart.Deployable) *action.Ins
 	namespace := d.Namespace
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig, flags.Namespace = &kubeconfig, &namespace
+	// Discovery caches in the test's directory, not in ~/.kube/cache.
+	cacheDir := t.TempDir()
+	flags.CacheDir = &cacheDir
 	cfg := new(action.Configuration)
 	if err := cfg.Init(flags, namespace, "secret", func(format string, v ...any) { t.Logf("helm: "+format, v...) }); err != nil {
 		t.Fatal(err)
