@@ -164,7 +164,7 @@ test-controllerruntime-lib: kube-bin
 ## go-containerregistry, internal/pki, proctest, testcluster), and -race made
 ## it gzip each image's layer several times slower. -parallel 4: the four
 ## examples of TestImagesServe wait on their child processes side by side.
-DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
+DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/deploy && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/deploy.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./...
