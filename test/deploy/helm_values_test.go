@@ -63,7 +63,8 @@ func TestHelmChartRefusesBrokenValues(t *testing.T) {
 // TestHelmChartRefusesBrokenValues stop at what the binaries refuse; values
 // they accept render (the zero delay, which means the default; durations of
 // several units; key types in any case where the flag ignores case; a tag
-// that --set turns into a number; one caBundle target only).
+// that --set turns into a number; one caBundle target only; the global
+// values an umbrella chart passes to its dependencies).
 func TestHelmChartAcceptsValidValues(t *testing.T) {
 	for _, c := range []struct {
 		chart, name string
@@ -76,6 +77,7 @@ func TestHelmChartAcceptsValidValues(t *testing.T) {
 		{"apiserver", "numeric tag", map[string]any{"image": map[string]any{"repository": "r/apiserver", "tag": 2}}},
 		{"webhook", "validating webhook only", map[string]any{"caBundle": map[string]any{"mutatingWebhookConfiguration": ""}}},
 		{"signer", "one replica", map[string]any{"replicaCount": 1}},
+		{"webhook", "global values of an umbrella chart", map[string]any{"global": map[string]any{"imageRegistry": "registry.example.com"}}},
 	} {
 		t.Run(c.chart+"/"+c.name, func(t *testing.T) {
 			for _, d := range chart.Deployables {
