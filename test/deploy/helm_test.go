@@ -37,6 +37,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/kustomize/api/hasher"
+	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/evercert/evercert/internal/proctest"
 	"github.com/evercert/evercert/internal/testcluster"
@@ -72,14 +74,27 @@ func TestHelmChartLint(t *testing.T) {
 // (action.Install, DryRun and ClientOnly) into each base's namespace must be
 // those of the base after kustomize build, but its Namespace, compared as
 // objects (every field and value); and each generated file of the base must
-// be what make generate-kustomize writes now, with no stale one left.
+// be what make generate-kustomize writes now (the data files of its
+// ConfigMaps and kustomization.yaml below its generated header included),
+// with no stale one left.
+//
+// The comparison normalises one thing only, which the base differs in on
+// purpose (chartNamed): the base makes each ConfigMap of the chart with a
+// configMapGenerator, so kustomize names it <name>-<hash>, the hash of its
+// content, and an overlay that replaces its data rolls the pods
+// (TestKustomizeOverlayPolicyRollsPods). The ConfigMap's name must be
+// exactly <name>-<kustomize's hash of its name and data>; it is compared as
+// <name>, and every string equal to <name>-<hash> in the base's objects (the
+// pod template's volume, which kustomize's nameReference rewrote) as <name>.
+// Nothing else: the pod templates' checksum annotations are the chart's
+// for its default values in both.
 func TestKustomizeBasesAreTheChartRendered(t *testing.T) {
 	for _, d := range chart.Deployables {
 		t.Run(d.Name, func(t *testing.T) {
 			root := repoRoot(t)
 			fromChart := templateObjects(t, loadChart(t, d), d.Namespace, nil)
 			var fromBase []*unstructured.Unstructured
-			for _, o := range render(t, d.Name) {
+			for _, o := range chartNamed(t, d, render(t, d.Name)) {
 				if o.GetKind() == "Namespace" {
 					if o.GetName() != d.Namespace {
 						t.Errorf("deploy/kustomize/%s: Namespace %s, want %s (the release namespace it is rendered with)", d.Name, o.GetName(), d.Namespace)
@@ -102,21 +117,90 @@ func TestKustomizeBasesAreTheChartRendered(t *testing.T) {
 					t.Errorf("deploy/kustomize/%s/%s is not what deploy/helm/%s renders (run make generate-kustomize)", d.Name, name, d.Name)
 				}
 			}
-			entries, err := os.ReadDir(d.BaseDir(root))
+			stale, err := d.StaleFiles(root, want)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, e := range entries {
-				content, err := os.ReadFile(filepath.Join(d.BaseDir(root), e.Name()))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, ok := want[e.Name()]; !ok && chart.IsGenerated(content) {
-					t.Errorf("deploy/kustomize/%s/%s was generated from a template deploy/helm/%s no longer has (run make generate-kustomize)", d.Name, e.Name(), d.Name)
-				}
+			for _, name := range stale {
+				t.Errorf("deploy/kustomize/%s/%s was generated from a template deploy/helm/%s no longer has (run make generate-kustomize)", d.Name, name, d.Name)
 			}
 		})
 	}
+}
+
+// chartNamed returns objs, the objects kustomize build renders from the
+// base of d, with the names the chart gives them: each ConfigMap its
+// configMapGenerators make, named <name>-<hash> by kustomize, renamed
+// <name>, and every string equal to <name>-<hash> in objs (the references
+// kustomize rewrote) replaced by <name>. It fails t unless each of those
+// ConfigMaps is in objs named with exactly kustomize's hash of its content:
+// the suffix is what rolls the pods when an overlay replaces the content.
+func chartNamed(t *testing.T, d chart.Deployable, objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	t.Helper()
+	gens, err := d.GeneratedConfigMaps(repoRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := map[string]string{}
+	out := make([]*unstructured.Unstructured, len(objs))
+	for i, o := range objs {
+		// A copy through JSON: kustomize's maps hold ints, which
+		// Unstructured.DeepCopy refuses.
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(jsonOf(o.Object)), &m); err != nil {
+			t.Fatal(err)
+		}
+		out[i] = &unstructured.Unstructured{Object: m}
+	}
+	for _, g := range gens {
+		var found []*unstructured.Unstructured
+		for _, o := range out {
+			if o.GetKind() == "ConfigMap" && o.GetNamespace() == g.Namespace && strings.HasPrefix(o.GetName(), g.Name+"-") {
+				found = append(found, o)
+			}
+		}
+		if len(found) != 1 {
+			t.Errorf("deploy/kustomize/%s: %d ConfigMaps %s/%s-<hash>, want the one its configMapGenerator makes (without the hash suffix an overlay that replaces its data does not roll the pods)", d.Name, len(found), g.Namespace, g.Name)
+			continue
+		}
+		o := found[0]
+		suffixed := o.GetName()
+		o.SetName(g.Name)
+		node, err := kyaml.FromMap(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hash, err := (&hasher.Hasher{}).Hash(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if suffixed != g.Name+"-"+hash {
+			t.Errorf("deploy/kustomize/%s: ConfigMap %s/%s, want %s-%s (kustomize's hash of its content)", d.Name, g.Namespace, suffixed, g.Name, hash)
+		}
+		renamed[suffixed] = g.Name
+	}
+	var replace func(v any) any
+	replace = func(v any) any {
+		switch x := v.(type) {
+		case string:
+			if n, ok := renamed[x]; ok {
+				return n
+			}
+		case map[string]any:
+			for k, e := range x {
+				x[k] = replace(e)
+			}
+		case []any:
+			for i, e := range x {
+				x[i] = replace(e)
+			}
+		}
+		return v
+	}
+	for _, o := range out {
+		replace(o.Object)
+	}
+	return out
 }
 
 // chartValues are values other than the defaults for one chart, and what
@@ -324,7 +408,9 @@ func TestHelmChartInstall(t *testing.T) {
 			}
 			compareObjects(t, "the chart pulled from oci://"+ref, templateObjects(t, pulled, d.Namespace, nil), "deploy/helm/"+d.Name, templateObjects(t, fromDisk, d.Namespace, nil))
 
-			base := render(t, d.Name)
+			// The chart's names: helm install makes the base's generated
+			// ConfigMaps without kustomize's hash suffix.
+			base := chartNamed(t, d, render(t, d.Name))
 			createNamespaces(ctx, t, cs, base)
 
 			// Server-side dry run: helm's (it renders against the
