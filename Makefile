@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-sim simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-sim simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy generate-kustomize image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench verify run fuzz clean
 
 all: build
 
@@ -146,8 +146,12 @@ test-controllerruntime-lib: kube-bin
 	cd controllerruntime && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/controllerruntime-lib.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v .
 	@for t in $(CONTROLLERRUNTIME_LIB_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/controllerruntime-lib.log || { echo "test-controllerruntime-lib: $$t did not pass"; cat $(CURDIR)/tmp/controllerruntime-lib.log; exit 1; }; done
 
-## test-deploy: the kustomize bases of deploy/kustomize and the container
-## images (test/deploy, its own module): each base rendered with the
+## test-deploy: the Helm charts of deploy/helm, the kustomize bases of
+## deploy/kustomize and the container images (test/deploy, its own module):
+## each chart linted, rendered with its defaults into the objects of its
+## base and with other values into their flags and fields, pushed to and
+## pulled from an in-process OCI registry and installed from there on a real
+## kube-apiserver (server-side dry run, then helm install); each base rendered with the
 ## kustomize API and server-side applied (dryRun=All) to a real
 ## kube-apiserver; every request of each example allowed to its
 ## ServiceAccount and near misses denied (SubjectAccessReviews); every flag
@@ -160,12 +164,19 @@ test-controllerruntime-lib: kube-bin
 ## go-containerregistry, internal/pki, proctest, testcluster), and -race made
 ## it gzip each image's layer several times slower. -parallel 4: the four
 ## examples of TestImagesServe wait on their child processes side by side.
-DEPLOY_TESTS := TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
+DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/deploy && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/deploy.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./...
 	@for t in $(DEPLOY_TESTS); do grep -qE "^--- PASS: $$t " $(CURDIR)/tmp/deploy.log || { echo "test-deploy: $$t did not run"; cat $(CURDIR)/tmp/deploy.log; exit 1; }; done
 	@grep -E '^(--- |ok )' $(CURDIR)/tmp/deploy.log
+
+## generate-kustomize: write the kustomize bases of deploy/kustomize from
+## the Helm charts of deploy/helm rendered with their default values (the
+## charts are the source; TestKustomizeBasesAreTheChartRendered fails until
+## this has run after a chart changed).
+generate-kustomize:
+	cd test/deploy && $(GO) run ./cmd/kustomize-bases --repo-root $(CURDIR)
 
 ## image: the examples' container images (static binaries on an empty base,
 ## user 65532), built without a Docker daemon or a base image pull, each

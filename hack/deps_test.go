@@ -84,6 +84,7 @@ var indirect = map[string][]string{
 	"test/fips/wire_test.go bin":                                                                       {"sslscan"},
 	"test/posture/posture_test.go bin":                                                                 {repoBuilt, "sslscan"},
 	"test/posture/posture_test.go goTool()":                                                            {"go"},
+	"test/deploy/helm_test.go u.bin()":                                                                 {repoBuilt},
 	"test/deploy/manifests_test.go u.bin()":                                                            {repoBuilt},
 }
 
