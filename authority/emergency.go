@@ -205,6 +205,17 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), k), true
 		}
 	}
+	if cs.next != nil && slices.Contains(cs.ops.dropped, Fingerprint(cs.next.Cert)) {
+		// A successor dropped in an emergency (its key sat where the
+		// compromised CA's did) is back as the successor: pasted into the
+		// Secret again, or a restored backup. It never signs: out again,
+		// as when it was dropped (the simulator found one promoted, and
+		// every replica refusing to sign with it: none ready).
+		bad := cs.next.Cert
+		cs.next, changed = nil, true
+		cs.bundle = slices.DeleteFunc(cs.bundle, bad.Equal)
+		e.note("", corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s, dropped in an emergency, is back in the Secret as the successor (a hand edit or a restored backup): dropped again", short(Fingerprint(bad))))
+	}
 	if fp == "" {
 		return changed, "", e.drain(cs, &changed)
 	}

@@ -51,6 +51,10 @@ var simRegressions = []struct {
 		"seed 2361: 3 replicas, publishers [r2], 40m0s CAs, 3 faults, CA keys in a key store\n7m31s pause r2 for 20m41s\n10m17s compromise\n10m50s keys r0 for 17m42s hang"},
 	{"S2: a peer signed with a CA whose unsafe promotion was recorded in the Secret before its writer counted it (simulator: the record counts)",
 		"seed 2626: 3 replicas, publishers [r1], 40m0s CAs\n4m42s pause r1 for 18m43s\n9m28s compromise\n9m55s slow r0 for 11m4s secrets:*:timeout"},
+	{"L1: a compromised CA pasted back after its emergency taken for a successor and promoted, and no replica would sign with it (emergency.decide)",
+		"seed 2070: 5 replicas, publishers [r0 r1], 1h20m0s CAs\n47m22s paste\n54m56s compromise\n1h26m6s paste"},
+	{"L1: a successor dropped in an emergency pasted back, promoted, and no replica would sign with it (emergency.decide)",
+		"seed 2475: 2 replicas, publishers [r0 r1], 1h0m0s CAs\n56m48s paste\n59m24s compromise\n1h8m10s paste"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }
@@ -69,6 +73,20 @@ func parseSimPlan(s string) (simPlan, error) {
 		return p, fmt.Errorf("plan head %q: %w", lines[0], err)
 	}
 	p.KeyStore = slices.Contains(head, "CA keys in a key store")
+	for _, h := range head[3:] {
+		if ctb, ok := strings.CutPrefix(h, "ClusterTrustBundle ["); ok {
+			for _, f := range strings.Fields(strings.TrimSuffix(ctb, "]")) {
+				var i int
+				if _, err := fmt.Sscanf(f, "r%d", &i); err != nil || i >= p.Replicas {
+					return p, fmt.Errorf("ClusterTrustBundle publisher %q", f)
+				}
+				if p.CTB == nil {
+					p.CTB = make([]bool, p.Replicas)
+				}
+				p.CTB[i] = true
+			}
+		}
+	}
 	pubs := strings.TrimSuffix(strings.TrimPrefix(head[1], "publishers ["), "]")
 	ca := strings.TrimSuffix(head[2], " CAs")
 	p.Publishers = make([]bool, p.Replicas)

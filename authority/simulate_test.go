@@ -73,6 +73,9 @@ const (
 	simSkew      = 30 * time.Second
 	simAfterCA   = 30 * time.Minute
 	simTargetLag = 5 * time.Second
+	// simCTBLag is how late a pod that mounts the ClusterTrustBundle
+	// (a projected volume) sees its change: the kubelet's resync.
+	simCTBLag = time.Minute
 	// simWatchLag bounds how late a watch delivers a change.
 	simWatchLag  = 1500 * time.Millisecond
 	simNamespace = "sim"
@@ -176,6 +179,10 @@ type simPlan struct {
 	// KeyStore: the CA keys are in a key store shared by the replicas
 	// (an HSM, simKeyStore), which "keys" faults make fail.
 	KeyStore bool
+	// CTB: the replicas that also publish to a ClusterTrustBundle, whose
+	// consumers (pods mounting it) follow it with simCTBLag; nil or none
+	// set: no ClusterTrustBundle.
+	CTB []bool
 }
 
 func (p simPlan) String() string {
@@ -189,6 +196,15 @@ func (p simPlan) String() string {
 	fmt.Fprintf(&b, "seed %d: %d replicas, publishers [%s], %v CAs, %d faults", p.Seed, p.Replicas, strings.Join(pubs, " "), p.cfg().CALifetime, len(p.Faults))
 	if p.KeyStore {
 		b.WriteString(", CA keys in a key store")
+	}
+	var ctb []string
+	for i, c := range p.CTB {
+		if c {
+			ctb = append(ctb, fmt.Sprintf("r%d", i))
+		}
+	}
+	if len(ctb) > 0 {
+		fmt.Fprintf(&b, ", ClusterTrustBundle [%s]", strings.Join(ctb, " "))
 	}
 	for _, f := range p.Faults {
 		b.WriteString("\n    " + f.String())
@@ -235,6 +251,15 @@ func simDraw(seed int64, kinds []string) simPlan {
 	p.Publishers = make([]bool, p.Replicas)
 	for i := range p.Publishers {
 		p.Publishers[i] = rng.Intn(2) == 0
+	}
+	// A third of the plans also publish to a ClusterTrustBundle, from any
+	// subset of the replicas, drawn apart so that the other draws of a
+	// seed stay as they were.
+	if crng := rand.New(rand.NewSource(^seed)); crng.Intn(3) == 0 {
+		p.CTB = make([]bool, p.Replicas)
+		for i := range p.CTB {
+			p.CTB[i] = crng.Intn(2) == 0
+		}
 	}
 	total := 0
 	for _, c := range simCALifetimes {
@@ -458,8 +483,9 @@ type simWorld struct {
 	leases map[string]*coordinationv1.Lease
 
 	slots []*simSlot
-	// target is the caBundle target's content over time (fingerprints).
-	target []simBundle
+	// target is the caBundle target's content over time (fingerprints);
+	// ctb the ClusterTrustBundle's (plan.CTB).
+	target, ctb []simBundle
 	// faults in force: api errors per slot, and the quiet time.
 	apiFaults []simAPIFault
 	// deadLeaseAt is when a running process last counted a gone
@@ -532,10 +558,12 @@ type simBundle struct {
 type simSlot struct {
 	idx       int
 	publisher bool
-	id        string
-	gen       int
-	proc      *simProc
-	offset    time.Duration
+	// ctb: publishes to the ClusterTrustBundle too (simPlan.CTB).
+	ctb    bool
+	id     string
+	gen    int
+	proc   *simProc
+	offset time.Duration
 	// drift is how much the clock gains every minute (drift faults).
 	drift time.Duration
 	// file is the pod's bundle file over time (a restart in the same pod
@@ -599,7 +627,7 @@ func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) 
 		now: simEpoch, leases: map[string]*coordinationv1.Lease{}, unsafe: map[string]bool{}, emergency: map[string]bool{},
 		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1}
 	for i := range plan.Replicas {
-		s := &simSlot{idx: i, publisher: plan.Publishers[i], id: fmt.Sprintf("r%d", i)}
+		s := &simSlot{idx: i, publisher: plan.Publishers[i], ctb: i < len(plan.CTB) && plan.CTB[i], id: fmt.Sprintf("r%d", i)}
 		w.slots = append(w.slots, s)
 	}
 	return w
@@ -700,6 +728,9 @@ func (w *simWorld) start(s *simSlot) {
 	cfg.Client = newSimClientset(w, p)
 	if s.publisher {
 		cfg.Observers = []Observer{simObserver{w}}
+	}
+	if s.ctb {
+		cfg.Observers = append(cfg.Observers, simCTBObserver{w})
 	}
 	if w.plan.KeyStore {
 		cfg.CAKeys = simKeyStore{w: w, slot: s}
@@ -881,7 +912,10 @@ func (w *simWorld) afterCheck(p *simProc) {
 	}
 	w.writeFile(p.slot, a.CurrentCABundleContent())
 	if p.slot.publisher && !w.now.Before(p.slot.pubDownUntil) && !w.apiDown(p.slot.idx) {
-		w.publish(a.CurrentCABundleContent())
+		w.publish(&w.target, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.publisher })
+	}
+	if p.slot.ctb && !w.now.Before(p.slot.pubDownUntil) && !w.apiDown(p.slot.idx) {
+		w.publish(&w.ctb, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.ctb })
 	}
 }
 
@@ -992,7 +1026,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 			// Created again after a delete: a CA no target knows signs
 			// unless a replica wrote back the one it held.
 			if st, err := parseAuthoritySecret(s); err == nil && st.signing != nil {
-				if n := len(w.target); n == 0 || !w.target[n-1].fps[Fingerprint(st.signing.Cert)] {
+				if fp := Fingerprint(st.signing.Cert); !holdsLast(w.target, fp) || len(w.ctb) > 0 && !holdsLast(w.ctb, fp) {
 					w.gaps[gapLostState] = true
 					w.gapCAs[Fingerprint(st.signing.Cert)] = true
 					w.lostAt = w.now
@@ -1230,6 +1264,16 @@ func (o simObserver) Observed(ca *x509.Certificate) bool {
 	return len(t) > 0 && t[len(t)-1].fps[o.w.fingerprint(ca)]
 }
 
+// simCTBObserver is a ClusterTrustBundle publisher's observer.
+type simCTBObserver struct{ w *simWorld }
+
+func (o simCTBObserver) Name() string      { return "clustertrustbundle" }
+func (o simCTBObserver) Targets() []string { return []string{"ClusterTrustBundle \"sim\""} }
+func (o simCTBObserver) Observed(ca *x509.Certificate) bool {
+	t := o.w.ctb
+	return len(t) > 0 && t[len(t)-1].fps[o.w.fingerprint(ca)]
+}
+
 // fingerprint is Fingerprint(c), kept by c's identity for the run: every
 // check of every publishing replica asks about the same few CAs, parsed
 // once (costly.parseCA and parseBundle are memoized), and a certificate is
@@ -1283,6 +1327,11 @@ func simFingerprints(bundle []byte) map[string]bool {
 	return fps
 }
 
+// holdsLast reports whether the last bundle of hist holds fp.
+func holdsLast(hist []simBundle, fp string) bool {
+	return len(hist) > 0 && hist[len(hist)-1].fps[fp]
+}
+
 func sameSet(a, b map[string]bool) bool {
 	if len(a) != len(b) {
 		return false
@@ -1295,29 +1344,31 @@ func sameSet(a, b map[string]bool) bool {
 	return true
 }
 
-func (w *simWorld) publish(bundle []byte) {
+// publish writes bundle to the target whose history is hist; publishes
+// says which slots publish to it.
+func (w *simWorld) publish(hist *[]simBundle, bundle []byte, publishes func(*simSlot) bool) {
 	if len(bundle) == 0 {
 		return
 	}
 	fps := simFingerprints(bundle)
-	if n := len(w.target); n > 0 {
-		if sameSet(w.target[n-1].fps, fps) {
+	if n := len(*hist); n > 0 {
+		if sameSet((*hist)[n-1].fps, fps) {
 			return
 		}
 		// A publisher never takes a CA out of the target that is still
 		// valid and not marked compromised: a replica behind the others
 		// (a stale read) does not undo their step (cabundle's contest
 		// rules: only a later rotation step overwrites).
-		for fp := range w.target[n-1].fps {
+		for fp := range (*hist)[n-1].fps {
 			if !fps[fp] && w.stillValid(fp) {
 				return
 			}
 		}
 	}
-	w.target = append(w.target, simBundle{at: w.now, fps: fps})
+	*hist = append(*hist, simBundle{at: w.now, fps: fps})
 	// The publishers' observers notify their Authority.
 	for _, s := range w.slots {
-		if s.proc != nil && s.publisher {
+		if s.proc != nil && publishes(s) {
 			signal(s.proc.a.kick)
 			w.kicked(s.proc)
 		}
@@ -1736,8 +1787,15 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 		return
 	}
 	w.begun[ca] = true
-	if n := len(w.target); n > 0 && !w.target[n-1].fps[ca] {
-		if w.gaps[gapLostState] && !w.target[n-1].at.After(w.lostAt) {
+	for _, t := range []struct {
+		name string
+		hist []simBundle
+	}{{"caBundle target", w.target}, {"ClusterTrustBundle", w.ctb}} {
+		n := len(t.hist)
+		if n == 0 || t.hist[n-1].fps[ca] {
+			continue
+		}
+		if w.gaps[gapLostState] && !t.hist[n-1].at.After(w.lostAt) {
 			// The target still holds what it held before the state was
 			// lost: the publishers keep the lost CAs in it while they
 			// are valid (cabundle's contest rules), so no later CA
@@ -1749,7 +1807,7 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 		}
 		// Also while every replica that publishes the caBundle is down
 		// (issue 27 §4): the others wait for its declared target.
-		w.fail("S2", "r%d signs with CA %s, which the caBundle target does not hold", p.slot.idx, short(ca))
+		w.fail("S2", "r%d signs with CA %s, which the %s does not hold", p.slot.idx, short(ca), t.name)
 		return
 	}
 	for _, s := range w.slots {
@@ -1788,6 +1846,11 @@ func (w *simWorld) checkInvariants() {
 	if len(w.target) > 0 {
 		for _, lag := range []time.Duration{0, simTargetLag} {
 			clients = append(clients, simClient{lag, trustAt(w.target, w.now, lag), trustAt(w.target, w.now, 0)})
+		}
+	}
+	if len(w.ctb) > 0 {
+		for _, lag := range []time.Duration{0, simCTBLag} {
+			clients = append(clients, simClient{lag, trustAt(w.ctb, w.now, lag), trustAt(w.ctb, w.now, 0)})
 		}
 	}
 	// The plan's durations, looked up once per event rather than copying
@@ -1846,7 +1909,8 @@ func (w *simWorld) checkInvariants() {
 		if since < simDrainBound {
 			continue
 		}
-		inTarget := w.publishing() && len(w.target) > 0 && w.target[len(w.target)-1].fps[fp]
+		inTarget := w.publishing(func(s *simSlot) bool { return s.publisher }) && holdsLast(w.target, fp) ||
+			w.publishing(func(s *simSlot) bool { return s.ctb }) && holdsLast(w.ctb, fp)
 		inBundle := slices.ContainsFunc(w.slots, func(s *simSlot) bool {
 			return w.live(s.proc) && simFingerprints(s.proc.a.CurrentCABundleContent())[fp]
 		})
@@ -1862,7 +1926,7 @@ func (w *simWorld) checkInvariants() {
 			}
 		}
 		if inTarget {
-			w.fail("S3", "CA %s marked compromised %v ago is still in the caBundle target", short(fp), w.now.Sub(at))
+			w.fail("S3", "CA %s marked compromised %v ago is still in the caBundle target or the ClusterTrustBundle", short(fp), w.now.Sub(at))
 			return
 		}
 		for _, s := range w.slots {
@@ -1882,7 +1946,7 @@ func (w *simWorld) checkInvariants() {
 		w.fail("L1", "no replica is ready %v after the last fault", quiet)
 		return
 	}
-	if w.parsedSign != nil && w.secret != nil {
+	if w.parsedSign != nil && w.secret != nil && !w.waitsForOperator() {
 		due := w.parsedSign.NotAfter.Add(-renewBefore)
 		from := latest(due, w.quietSince)
 		if anyAlive && w.now.Sub(from) >= delay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
@@ -1962,9 +2026,9 @@ func (w *simWorld) stillValid(fp string) bool {
 	return !ok || w.now.Before(end.(time.Time))
 }
 
-func (w *simWorld) publishing() bool {
+func (w *simWorld) publishing(publishes func(*simSlot) bool) bool {
 	for _, s := range w.slots {
-		if s.publisher && s.proc != nil && !w.paused(s.proc) && !w.now.Before(s.pubDownUntil) {
+		if publishes(s) && s.proc != nil && !w.paused(s.proc) && !w.now.Before(s.pubDownUntil) {
 			return true
 		}
 	}
