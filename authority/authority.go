@@ -447,6 +447,20 @@ type secretStore struct {
 	unanswered struct{ record, why string }
 }
 
+// mayHaveCommitted reports whether a write that returned err may still
+// have been applied: a timeout, a 5xx or a lost connection, not an answer
+// that refused it (4xx: forbidden, throttled, invalid), so that a peer's
+// identical record is not taken for this write's (a review found a 429
+// counted twice).
+func mayHaveCommitted(err error) bool {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code := status.Status().Code
+		return code == 0 || code >= 500 || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+	}
+	return true // no answer at all: a connection that broke
+}
+
 // countUnanswered counts, in res, the unsafe rotation of a write that got
 // no answer once a read shows that it committed: the record it sent is the
 // Secret's last one, to the second and the reason, and this step did not
@@ -611,7 +625,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			return stepResult{}, ctx.Err()
 		}
 		if err != nil {
-			if res.unsafe {
+			if res.unsafe && mayHaveCommitted(err) {
 				s.unanswered.record, s.unanswered.why = st.unsafe.last, res.unsafeWhy
 			}
 			verbs := "update on this Secret"

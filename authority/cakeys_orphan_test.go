@@ -1,21 +1,15 @@
 package authority
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
-	"errors"
 	"fmt"
-	"io"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,7 +21,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/dynamiccert"
-	"github.com/evercert/evercert/internal/pki"
 )
 
 // memKeys is an in-memory CAKeySource that remembers every key it made.
@@ -99,92 +92,4 @@ func TestLostWriteLeavesNoKeyInTheStore(t *testing.T) {
 	for ref := range store.keys {
 		require.Equal(t, ref, string(s.Data[KeyRefKey]), "key %s in the store is referenced by no CA in the Secret (made for a write that lost)", ref)
 	}
-}
-
-// failingSigner is a key of a key store that stops answering.
-type failingSigner struct {
-	crypto.Signer
-	down *atomic.Bool
-}
-
-func (f failingSigner) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
-	if f.down.Load() {
-		return nil, errors.New("key store did not answer")
-	}
-	return f.Signer.Sign(r, digest, opts)
-}
-
-// downKeys is a memKeys whose keys fail to sign while down is set.
-type downKeys struct {
-	*memKeys
-	down atomic.Bool
-}
-
-func (d *downKeys) NewKey(ctx context.Context, kt dynamiccert.KeyType) (crypto.Signer, string, error) {
-	k, ref, err := d.memKeys.NewKey(ctx, kt)
-	return failingSigner{k, &d.down}, ref, err
-}
-
-func (d *downKeys) FindKey(ctx context.Context, ref string) (crypto.Signer, error) {
-	k, err := d.memKeys.FindKey(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	return failingSigner{k, &d.down}, nil
-}
-
-// TestPromotionWhileTheKeyStoreFailsIsAdopted: the successor CA is promoted
-// while the CA key store cannot sign (an HSM that hangs), so this replica
-// cannot sign its leaf with it. It must still take the successor as the CA
-// in force: its bundle, its Status (the simulator found a promotion counted
-// unsafe that Status did not show) and its Lease follow the Secret, the
-// failure is reported, and the leaf follows once the store answers.
-// Before, the failed leaf left everything else as it was before the check.
-func TestPromotionWhileTheKeyStoreFailsIsAdopted(t *testing.T) {
-	client := fake.NewClientset()
-	keys := &downKeys{memKeys: &memKeys{keys: map[string]crypto.Signer{}}}
-	clk := clocktesting.NewFakeClock(testNow)
-	a := attackAuthority(t, client, clk, "hsm-down", func(c *Config) { c.CAKeys = keys })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(ctx, 1) }()
-	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "the leaf", func() bool { return a.Leaf() != nil })
-	first := a.Status().Signing.Fingerprint
-	for a.Status().Successor == nil {
-		clk.Step(10 * time.Minute)
-		waitFor(t, "the loop asleep", func() bool { return clk.Waiters() >= 1 })
-	}
-	successor := a.Status().Successor.Fingerprint
-	keys.down.Store(true)
-	for a.Status().Signing.Fingerprint == first {
-		require.True(t, clk.Now().Before(a.Status().Signing.NotAfter.Add(time.Hour)), "the successor never took over in Status (it names %s)", a.Status().Signing.Fingerprint)
-		clk.Step(10 * time.Minute)
-		waitFor(t, "the loop asleep", func() bool { return clk.Waiters() >= 1 })
-	}
-	require.Equal(t, successor, a.Status().Signing.Fingerprint)
-	require.ErrorContains(t, a.Status().LastError, "key store did not answer", "the failed leaf is reported")
-	cas, err := pki.ParseCABundle(a.CurrentCABundleContent())
-	require.NoError(t, err)
-	require.True(t, slices.ContainsFunc(cas, func(c *x509.Certificate) bool { return Fingerprint(c) == successor }), "the bundle follows")
-
-	keys.down.Store(false)
-	for a.Leaf() == nil || !bytes.Equal(a.Leaf().RawIssuer, caSubject(t, a, successor)) {
-		clk.Step(time.Minute)
-		waitFor(t, "the loop asleep", func() bool { return clk.Waiters() >= 1 })
-	}
-}
-
-// caSubject returns the raw subject of the CA of a's bundle with fingerprint fp.
-func caSubject(t *testing.T, a *Authority, fp string) []byte {
-	t.Helper()
-	cas, err := pki.ParseCABundle(a.CurrentCABundleContent())
-	require.NoError(t, err)
-	for _, c := range cas {
-		if Fingerprint(c) == fp {
-			return c.RawSubject
-		}
-	}
-	t.Fatalf("CA %s is not in the bundle", fp)
-	return nil
 }

@@ -496,7 +496,7 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
 	var out []string
-	if !r.listed {
+	if r.unlistedLocked(now) {
 		out = append(out, unlistedPeers)
 	}
 	for _, l := range r.seen {

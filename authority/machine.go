@@ -238,6 +238,10 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	if why := m.handPromoted(st, in.last, now); why != "" {
 		res.unsafe, res.unsafeWhy = true, why
 	}
+	copied, why := m.handCopied(st, in.obs)
+	if why != "" {
+		res.unsafe, res.unsafeWhy = true, why
+	}
 	res.restored = m.restore(st, in.last, in.exists, now)
 	declared, undeclared := m.declareTargets(st, in.declares, now)
 	res.undeclared = undeclared
@@ -280,7 +284,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	// hand promotion, with the first write after it): whoever reads the
 	// Secret counts it, whether or not this replica lives to.
 	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
-	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded
+	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded || copied
 	res.declarationOnly = declared && !res.write
 	res.write = res.write || declared
 	return res, nil
@@ -309,6 +313,27 @@ func (m *machine) handPromoted(st, last *caSet, now time.Time) string {
 	}
 	return fmt.Sprintf("CA %q, published at %s, signs at %s, before its minimum propagation delay (%v) could have passed on any replica: the Secret was edited by hand to promote it",
 		st.signing.Cert.Subject.CommonName, last.nextSince.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), m.sched.propagation)
+}
+
+// handCopied handles the waiting successor found in tls.crt too: copied
+// there by hand (or a restored backup), since a promotion by a replica
+// moves it and never leaves it in both places. It signs from now on, as
+// the operator asked, and the state is written back with it as the signing
+// CA only; reported true. If an observer or a live replica did not hold it
+// yet, that is an unsafe rotation, and why says so (the simulator, wider
+// set, seed 3561: the copy signed unobserved and uncounted while the only
+// publisher was down).
+func (m *machine) handCopied(st *caSet, obs observation) (bool, string) {
+	if st.next == nil || st.signing == nil || !st.signing.Cert.Equal(st.next.Cert) {
+		return false, ""
+	}
+	ca := st.next.Cert
+	st.next, st.nextSince, st.seenSince, st.inherited = nil, time.Time{}, time.Time{}, false
+	if obs.all == nil || obs.all(ca) {
+		return true, ""
+	}
+	return true, fmt.Sprintf("CA %q, a successor waiting for its observers, was copied into %s by hand: it signs before every observer confirmed it",
+		ca.Subject.CommonName, "tls.crt")
 }
 
 // phase is where st stands at now; skew and broken are why this replica

@@ -203,6 +203,10 @@ type replicaSet struct {
 	// listForbidden: the list was forbidden, so this process never learnt
 	// whether its pod ran before (see consumersMayLack).
 	listForbidden bool
+	// listFailedSince: when the first list of this process failed for
+	// another reason (a timeout, a 5xx, a 429, the API not served); zero
+	// once one succeeded. See unlistedLocked.
+	listFailedSince time.Time
 	// leafWatched: a change of a replica's announced leaf kicks the issuer
 	// too, while an emergency rotation waits for every replica to serve a
 	// successor leaf (emergency.flush); otherwise it matters to nothing.
@@ -295,6 +299,16 @@ func (r *replicaSet) lacking(ca *x509.Certificate) bool {
 // emergency goes on counted unsafe rather than wait for ever.
 const unlistedPeers = "replicas (their Leases are not listed yet)"
 
+// unlistedLocked reports whether this process waits for its first list of
+// the Leases: none succeeded, and the first failure is less than a lease
+// duration old. Past that the wait ends, and the process is blind (see
+// blind) as when RBAC forbids the list: an emergency goes on counted unsafe
+// rather than leave the compromised CA signing for as long as the API
+// server fails lists (a review found it waiting for ever, unseen).
+func (r *replicaSet) unlistedLocked(now time.Time) bool {
+	return !r.listed && (r.listFailedSince.IsZero() || now.Sub(r.listFailedSince) < r.duration)
+}
+
 func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 	fp := Fingerprint(ca)
 	now := r.clock.Now()
@@ -305,7 +319,7 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 		return nil // every announcement is stale until renewed
 	}
 	var out []string
-	if !r.listed {
+	if r.unlistedLocked(now) {
 		out = append(out, unlistedPeers)
 	}
 	for _, l := range r.seen {
@@ -619,6 +633,9 @@ func (r *replicaSet) blind() string {
 	if r.listForbidden {
 		return "the replicas' Leases cannot be listed (RBAC forbids list on leases.coordination.k8s.io)"
 	}
+	if !r.listed && !r.listFailedSince.IsZero() && !r.unlistedLocked(r.clock.Now()) {
+		return fmt.Sprintf("the replicas' Leases could not be listed since %s", r.listFailedSince.UTC().Format(time.RFC3339))
+	}
 	return ""
 }
 
@@ -776,18 +793,20 @@ func (r *replicaSet) listOnce(ctx context.Context) {
 		// The watch reports it (one failure, one message); here it only
 		// decides whether to try again.
 		klog.FromContext(ctx).V(2).Info("Listing replica leases failed", "provider", r.report.Provider(), "err", describeLeaseError(err))
+		r.mu.Lock()
 		if apierrors.IsForbidden(err) {
-			r.mu.Lock()
 			r.listed, r.listForbidden = true, true
-			r.mu.Unlock()
+		} else if r.listFailedSince.IsZero() {
+			r.listFailedSince = r.clock.Now()
 		}
+		r.mu.Unlock()
 		return
 	}
 	for n := range list.Items {
 		r.observe(&list.Items[n])
 	}
 	r.mu.Lock()
-	r.listed, r.listForbidden = true, false
+	r.listed, r.listForbidden, r.listFailedSince = true, false, time.Time{}
 	r.mu.Unlock()
 }
 
