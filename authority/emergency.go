@@ -223,6 +223,13 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 	isNext := cs.next != nil && Fingerprint(cs.next.Cert) == fp
 	inBundle := slices.ContainsFunc(cs.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
 	if fp == cs.ops.cHandled {
+		// A handled mark is still the operator's word that the CA is
+		// compromised: a replica started after the emergency learns it
+		// here, so that a backup from before the mark, which takes the
+		// mark away, is a rollback to it too (machine.restore).
+		e.mu.Lock()
+		e.known[fp] = true
+		e.mu.Unlock()
 		if !isSigning && !isNext && !inBundle {
 			return changed, "", e.drain(cs, &changed)
 		}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,7 +49,9 @@ type emergencyWorld struct {
 	t        *testing.T
 	client   *fake.Clientset
 	clk      *clocktesting.FakeClock
+	mu       sync.Mutex // guards replicas and stops (restart)
 	replicas []*authority.Authority
+	stops    []func()
 	addrs    []string
 	failed   atomic.Int64 // handshakes of a bundle-following client that failed
 	// stale counts handshakes that failed because the follower's copy of
@@ -76,25 +79,11 @@ func newEmergencyWorldWith(t *testing.T, setup func(*fake.Clientset)) *emergency
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	for r := range 3 {
-		a, err := authority.New(authority.Config{
-			Name: fmt.Sprintf("emergency-r%d", r), Namespace: "ns", SecretName: "ca", Client: w.client,
-			ReplicaID: fmt.Sprintf("r%d", r), Hosts: []string{"localhost"}, Lifetime: time.Hour, Clock: w.clk,
-		})
-		require.NoError(t, err)
-		if r == 0 {
-			p, err := cabundle.NewPublisher(cabundle.PublisherConfig{
-				Source: a, KubeClient: w.client, Clock: w.clk,
-				Targets: []cabundle.Target{{Kind: cabundle.ValidatingWebhookConfiguration, Name: "wh"}},
-			})
-			require.NoError(t, err)
-			a.AddObserver(p)
-			background(t, p.Run)
-		}
-		background(t, a.Run)
-		w.await("replica's first leaf", func() bool { return a.Leaf() != nil })
-		w.replicas = append(w.replicas, a)
+		w.replicas = append(w.replicas, nil)
+		w.stops = append(w.stops, nil)
+		w.start(r)
 		w.addrs = append(w.addrs, tlstest.Server(t, &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			_, _, c := a.CurrentParsedCertKeyContent()
+			_, _, c := w.replica(r).CurrentParsedCertKeyContent()
 			if c == nil {
 				return nil, errors.New("no leaf yet")
 			}
@@ -109,23 +98,78 @@ func newEmergencyWorldWith(t *testing.T, setup func(*fake.Clientset)) *emergency
 	return w
 }
 
+// start runs replica r (replica 0 with the caBundle publisher) in a new
+// process of its own, under its stable ReplicaID, and waits for its leaf.
+func (w *emergencyWorld) start(r int) {
+	w.t.Helper()
+	a, err := authority.New(authority.Config{
+		Name: fmt.Sprintf("emergency-r%d", r), Namespace: "ns", SecretName: "ca", Client: w.client,
+		ReplicaID: fmt.Sprintf("r%d", r), Hosts: []string{"localhost"}, Lifetime: time.Hour, Clock: w.clk,
+	})
+	require.NoError(w.t, err)
+	var stops []func()
+	if r == 0 {
+		p, err := cabundle.NewPublisher(cabundle.PublisherConfig{
+			Source: a, KubeClient: w.client, Clock: w.clk,
+			Targets: []cabundle.Target{{Kind: cabundle.ValidatingWebhookConfiguration, Name: "wh"}},
+		})
+		require.NoError(w.t, err)
+		a.AddObserver(p)
+		stops = append(stops, background(w.t, p.Run))
+	}
+	stops = append(stops, background(w.t, a.Run))
+	w.mu.Lock()
+	w.replicas[r] = a
+	w.stops[r] = func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
+	w.mu.Unlock()
+	w.await("replica's first leaf", func() bool { return a.Leaf() != nil })
+}
+
+// restart stops replica r's process (its Run loops return) and starts a
+// new one: what it learned in memory is gone.
+func (w *emergencyWorld) restart(r int) {
+	w.t.Helper()
+	w.mu.Lock()
+	stop := w.stops[r]
+	w.mu.Unlock()
+	stop()
+	w.start(r)
+}
+
+func (w *emergencyWorld) replica(r int) *authority.Authority {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.replicas[r]
+}
+
 func ptrTo[T any](v T) *T { return &v }
 
-func background(t *testing.T, run func(context.Context, int)) {
+// background runs run until the test ends or the returned stop is
+// called, whichever is first; either waits for run to return.
+func background(t *testing.T, run func(context.Context, int)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		run(ctx, 1)
 	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(emergencyGuard):
-			t.Error("Run did not return after its context ended")
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(emergencyGuard):
+				t.Error("Run did not return after its context ended")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // await polls cond until it holds, failing the test after emergencyGuard.

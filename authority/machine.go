@@ -238,22 +238,26 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	if why := m.handPromoted(st, in.last, now); why != "" {
 		res.unsafe, res.unsafeWhy = true, why
 	}
-	copied, why := m.handCopied(st, in.obs)
-	if why != "" {
-		res.unsafe, res.unsafeWhy = true, why
-	}
-	res.restored = m.restore(st, in.last, in.exists, now)
-	declared, undeclared := m.declareTargets(st, in.declares, now)
-	res.undeclared = undeclared
+	// The declared caBundle targets (st.targets, as declareTargets below
+	// leaves them) are observers too: a CA signs observed only once a live
+	// replica covers each (the simulator, wider set, seed 2231: a successor
+	// copied into tls.crt by hand signed uncounted while the only
+	// publisher was paused).
 	obs := in.obs
-	if len(st.targets) > 0 {
-		all, lacking := obs.all, obs.lacking
+	if all, lacking := obs.all, obs.lacking; all != nil {
 		obs.uncovered = func(c *x509.Certificate) []string { return m.uncoveredTargets(st, c, in.obs.covered) }
 		obs.all = func(c *x509.Certificate) bool { return len(obs.uncovered(c)) == 0 && all(c) }
 		// A promotion forced by the signing CA's end with a declared target
 		// uncovered is unsafe: that target's clients may lack the CA.
 		obs.lacking = func(c *x509.Certificate) bool { return len(obs.uncovered(c)) > 0 || lacking != nil && lacking(c) }
 	}
+	copied, why := m.handCopied(st, obs)
+	if why != "" {
+		res.unsafe, res.unsafeWhy = true, why
+	}
+	res.restored = m.restore(st, in.last, in.exists, now)
+	declared, undeclared := m.declareTargets(st, in.declares, now)
+	res.undeclared = undeclared
 	// The emergency waits for every observer and live replica, not for
 	// declared targets no live replica covers (see emergency.decide).
 	emergObs := obs
@@ -366,9 +370,9 @@ func (m *machine) stalled(st *caSet, now time.Time) bool {
 }
 
 // announced is what a replica announces it trusts (its Lease) while st is
-// in force: every CA of the bundle its own observers confirmed, except a
-// successor that arrived here late, before its minimum delay on this
-// replica's clock. The consumers of this replica's bundle that evercert
+// in force: every CA of the bundle its own observers confirmed, a
+// successor that arrived here late marked DelayedCAPrefix until its
+// minimum delay on this replica's clock has passed. The consumers of this replica's bundle that evercert
 // cannot see need as long as anyone's. Not in an emergency (see
 // Config.PropagationDelay). A process that found the successor
 // published when it started announces it at once: it did not arrive late
@@ -378,12 +382,14 @@ func (m *machine) stalled(st *caSet, now time.Time) bool {
 func (m *machine) announced(st *caSet, now time.Time, locallyObserved func(*x509.Certificate) bool) []string {
 	var trusted []string
 	for _, c := range st.bundle {
-		if st.next != nil && c.Equal(st.next.Cert) && !st.inherited && now.Before(m.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
+		if !locallyObserved(c) {
 			continue
 		}
-		if locallyObserved(c) {
-			trusted = append(trusted, Fingerprint(c))
+		if st.next != nil && c.Equal(st.next.Cert) && !st.inherited && now.Before(m.sched.signsNoEarlierThan(st)) && !st.emergencyActive() {
+			trusted = append(trusted, DelayedCAPrefix+Fingerprint(c))
+			continue
 		}
+		trusted = append(trusted, Fingerprint(c))
 	}
 	return trusted
 }
@@ -435,7 +441,11 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		}
 		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
 		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
-		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid)
+		// A CA this process knows compromised is no other writer's: it
+		// left the bundle in an emergency, and a backup from before the
+		// mark brought it back (a review found it signing again, the
+		// mark gone with the backup's annotations).
+		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid || m.emerg.compromised(st.ops, c.Cert))
 	}
 	if last.signing != nil && keep(last.signing.Cert) &&
 		(st.signing == nil || rolledBack(st.signing)) &&
