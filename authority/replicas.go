@@ -43,8 +43,15 @@ const (
 	// TrustedCAsAnnotation lists the Fingerprints of the CAs the
 	// replica has loaded and its own observers have confirmed, comma
 	// separated; a successor only once its minimum delay has passed since
-	// this replica first saw it.
+	// this replica first saw it. A successor its observers confirmed
+	// whose delay still runs is listed as DelayedCAPrefix and its
+	// Fingerprint: peers (and releases before the prefix) do not count it
+	// as trusted, and a promotion forced by the signing CA's end knows
+	// that this replica's consumers hold it.
 	TrustedCAsAnnotation = "evercert.io/trusted-cas"
+	// DelayedCAPrefix marks an entry of TrustedCAsAnnotation that is
+	// confirmed by the replica's observers but waits for its delay.
+	DelayedCAPrefix = "~"
 	// BundleHashAnnotation is the SHA-256 (hex) of the ca.crt
 	// bundle the replica has loaded.
 	BundleHashAnnotation = "evercert.io/bundle-sha256"
@@ -280,10 +287,12 @@ func (r *replicaSet) pending(ca *x509.Certificate) []string {
 }
 
 // lacking reports whether a live replica whose announcement is current
-// (renewed since this process last stopped watching) does not hold ca and
-// publishes another bundle than this replica's: its consumers then lack ca
-// for sure. (One publishing the same bundle leaves ca out of what it
-// trusts only while ca's delay runs on its clock.)
+// (renewed since this process last stopped watching) does not hold ca:
+// its observers have not confirmed it, so its consumers lack ca for sure.
+// One whose observers confirmed ca while its delay runs (DelayedCAPrefix)
+// holds it. (Before the prefix, a peer publishing the same bundle was
+// taken to hold it, so a forced promotion under a replica whose own
+// observer lagged was counted safe: a review found it.)
 func (r *replicaSet) lacking(ca *x509.Certificate) bool {
 	return len(r.pendingOf(ca, true)) > 0
 }
@@ -323,10 +332,8 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 		out = append(out, unlistedPeers)
 	}
 	for _, l := range r.seen {
-		if current && l.bundleHash != "" && l.bundleHash == r.want.bundleHash {
-			// It publishes the bundle this replica does, which holds ca:
-			// its announcement leaves ca out only for the delay's sake.
-			continue
+		if current && slices.Contains(l.trusted, DelayedCAPrefix+fp) {
+			continue // its consumers hold ca; only its delay runs
 		}
 		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) && !(current && l.stale) {
 			out = append(out, "replica/"+l.holder)

@@ -28,7 +28,11 @@ type replica struct {
 	RenewTime  *time.Time `json:"renewTime,omitempty"`
 	ExpiresAt  *time.Time `json:"expiresAt,omitempty"`
 	TrustedCAs []string   `json:"trustedCAs"`
-	LeafSerial string     `json:"leafSerial,omitempty"`
+	// DelayedCAs are the successors its observers confirmed whose
+	// minimum propagation delay still runs on its clock
+	// (authority.DelayedCAPrefix): not trusted yet.
+	DelayedCAs []string `json:"delayedCAs,omitempty"`
+	LeafSerial string   `json:"leafSerial,omitempty"`
 	// LeafCA is the Fingerprint of the CA the served leaf's signature
 	// verifies with, among the Secret's CAs; empty if none.
 	LeafCA       string    `json:"leafCA,omitempty"`
@@ -78,7 +82,13 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 			r.RenewTime, r.ExpiresAt, r.Live = &renew, &expires, now.Before(expires)
 		}
 		if v := l.Annotations[authority.TrustedCAsAnnotation]; v != "" {
-			r.TrustedCAs = strings.Split(v, ",")
+			for _, fp := range strings.Split(v, ",") {
+				if d, ok := strings.CutPrefix(fp, authority.DelayedCAPrefix); ok {
+					r.DelayedCAs = append(r.DelayedCAs, d)
+				} else {
+					r.TrustedCAs = append(r.TrustedCAs, fp)
+				}
+			}
 		}
 		r.LeafSerial = l.Annotations[authority.LeafSerialAnnotation]
 		if r.leaf = parseCertPEM([]byte(l.Annotations[authority.LeafAnnotation])); r.leaf != nil {
