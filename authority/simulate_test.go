@@ -23,6 +23,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,6 +137,14 @@ var (
 	simVisible = simReadBound + 2*simCheck
 )
 
+// simBackup is the Secret as it was at a time: a restore fault puts it
+// back. broken: it held a hand edit none could repair (editedRV).
+type simBackup struct {
+	at     time.Time
+	s      *corev1.Secret
+	broken bool
+}
+
 // simFault is one fault of a schedule, at an offset from the start.
 type simFault struct {
 	At   time.Duration
@@ -231,7 +240,7 @@ var simRoutineKinds = []string{
 
 var simFaultKinds = []string{
 	"kill", "stop", "rollout", "pause", "clock", "drift", "api", "silent", "paste", "garble", "delete", "compromise", "rotate", "forge", "pubdown",
-	"slow", "keys",
+	"slow", "keys", "restore",
 }
 
 // simDraw draws a plan from seed: 1 to 10 replicas (most runs have few, as
@@ -319,6 +328,11 @@ func simDraw(seed int64, kinds []string) simPlan {
 			f.Arg = []string{"tls.crt", "ca.crt", "tls.key"}[rng.Intn(3)]
 		case "paste", "delete", "compromise", "rotate":
 			f.Slot = -1
+		case "restore":
+			// A backup of the Secret restored, data and annotations, as
+			// it was up to an hour before.
+			f.Slot = -1
+			f.Arg = fmt.Sprintf("from %v ago", time.Duration(1+rng.Intn(3600))*time.Second)
 		case "forge":
 			f.Arg = []string{"unsigned", "replay", "garbled"}[rng.Intn(3)]
 		}
@@ -491,6 +505,10 @@ type simWorld struct {
 	// deadLeaseAt is when a running process last counted a gone
 	// replica's Lease as live while a marked CA was overdue (gapDeadLease).
 	deadLeaseAt time.Time
+	// backups are the Secret's contents over time, kept when the plan
+	// restores one (restores).
+	backups  []simBackup
+	restores bool
 	// editedRV is the resourceVersion of the last hand edit that broke
 	// the Secret's content (paste, garble): see waitsForOperator.
 	editedRV string
@@ -625,7 +643,8 @@ type simProc struct {
 func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
 	w := &simWorld{plan: plan, mutation: mutation, logf: logf, rng: rand.New(rand.NewSource(plan.Seed*7919 + 1)),
 		now: simEpoch, leases: map[string]*coordinationv1.Lease{}, unsafe: map[string]bool{}, emergency: map[string]bool{},
-		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1}
+		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1,
+		restores: slices.ContainsFunc(plan.Faults, func(f simFault) bool { return f.Kind == "restore" })}
 	for i := range plan.Replicas {
 		s := &simSlot{idx: i, publisher: plan.Publishers[i], ctb: i < len(plan.CTB) && plan.CTB[i], id: fmt.Sprintf("r%d", i)}
 		w.slots = append(w.slots, s)
@@ -1089,6 +1108,11 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 	var snap *corev1.Secret
 	if s != nil {
 		snap = s.DeepCopy()
+		if w.restores {
+			// The backups a restore draws from: every content the Secret
+			// had, kept by reference (never changed, as above).
+			w.backups = append(w.backups, simBackup{at: w.now, s: snap, broken: s.ResourceVersion == w.editedRV})
+		}
 	}
 	for _, sl := range w.slots {
 		p := sl.proc
@@ -1498,7 +1522,7 @@ func (w *simWorld) inject(f simFault) {
 		s.pubDownUntil = w.now.Add(f.Dur)
 	case "keys":
 		s.keysDownUntil, s.keysDown = latest(s.keysDownUntil, w.now.Add(f.Dur)), f.Arg
-	case "paste", "garble", "delete", "compromise", "rotate":
+	case "paste", "garble", "delete", "compromise", "rotate", "restore":
 		w.editSecret(f)
 	case "forge":
 		w.forge(s, f.Arg)
@@ -1549,6 +1573,18 @@ func (w *simWorld) editSecret(f simFault) {
 			s.Annotations = map[string]string{}
 		}
 		s.Annotations[RotateRequestedAnnotation] = w.now.UTC().Format(time.RFC3339)
+	case "restore":
+		age, err := time.ParseDuration(strings.TrimSuffix(strings.TrimPrefix(f.Arg, "from "), " ago"))
+		if err != nil {
+			panic(fmt.Sprintf("restore %q: %v", f.Arg, err))
+		}
+		i := sort.Search(len(w.backups), func(i int) bool { return w.backups[i].at.After(w.now.Add(-age)) }) - 1
+		if i < 0 {
+			return // no backup that old
+		}
+		s = w.backups[i].s.DeepCopy()
+		// A backup of a hand edit none could repair is one still.
+		stillEdited = w.backups[i].broken
 	}
 	s.ResourceVersion = w.nextRV()
 	if f.Kind == "paste" || f.Kind == "garble" || stillEdited {
