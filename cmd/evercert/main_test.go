@@ -3,10 +3,13 @@ package main
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/evercert/evercert/internal/proctest"
 )
@@ -22,7 +25,15 @@ func cli(t *testing.T, env []string, args ...string) (int, string) {
 	bin := proctest.Build(t, "github.com/evercert/evercert/cmd/evercert")
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append([]string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}, env...)
-	code, out := proctest.RunToExit(t, cmd)
+	// A command given --timeout may run that long before it answers; the
+	// hang guard comes after it.
+	guard := proctest.ExitGuard
+	if i := slices.Index(args, "--timeout"); i >= 0 && i+1 < len(args) {
+		d, err := time.ParseDuration(args[i+1])
+		require.NoError(t, err, "--timeout %q", args[i+1])
+		guard += d
+	}
+	code, out := proctest.RunToExitWithin(t, cmd, guard)
 	t.Logf("evercert %s: exit %d\n%s", strings.Join(args, " "), code, out)
 	return code, out
 }

@@ -199,6 +199,15 @@ const ExitGuard = time.Minute
 // with the test process (Pdeathsig).
 func RunToExit(t testing.TB, cmd *exec.Cmd) (int, string) {
 	t.Helper()
+	return RunToExitWithin(t, cmd, ExitGuard)
+}
+
+// RunToExitWithin is RunToExit with another hang guard, for a process that
+// is expected to run for a while (a command given --timeout): the guard
+// must exceed the process's own limit, or a slow machine fails the test by
+// killing a process that would have answered in time.
+func RunToExitWithin(t testing.TB, cmd *exec.Cmd, guard time.Duration) (int, string) {
+	t.Helper()
 	var out LockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -217,10 +226,10 @@ func RunToExit(t testing.TB, cmd *exec.Cmd) (int, string) {
 			t.Fatalf("waiting for %s: %v", filepath.Base(cmd.Path), err)
 		}
 		return 0, out.String()
-	case <-time.After(ExitGuard):
+	case <-time.After(guard):
 		_ = cmd.Process.Kill()
 		<-exited
-		t.Fatalf("%s %v still running %v after start (killed); output:\n%s", filepath.Base(cmd.Path), cmd.Args[1:], ExitGuard, out.String())
+		t.Fatalf("%s %v still running %v after start (killed); output:\n%s", filepath.Base(cmd.Path), cmd.Args[1:], guard, out.String())
 		return 0, ""
 	}
 }
