@@ -161,14 +161,18 @@ test-controllerruntime-lib: kube-bin
 ## second time to the same digest, its SBOM, provenance and signatures
 ## attached and verified against the public key, and tampered layouts (a
 ## changed layer, a swapped or edited SBOM, no signature, another key)
-## refused. Fails if a test did not run.
+## refused; go install github.com/evercert/evercert/cmd/evercert@<HEAD's
+## pseudo-version> from a GOPROXY directory of the committed HEAD, outside
+## any module, and the binary run as kubectl-evercert found on PATH (the
+## kubectl plugin rule; kubectl itself is not installed). Fails if a test
+## did not run.
 ## Without -race: the evercert code under test runs in the example binaries,
 ## child processes built with CGO_ENABLED=0 (never race-instrumented); the
 ## test process holds only the harness (kustomize, client-go,
 ## go-containerregistry, internal/pki, proctest, testcluster), and -race made
 ## it gzip each image's layer several times slower. -parallel 4: the four
 ## examples of TestImagesServe wait on their child processes side by side.
-DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash TestImageIsReproducible TestImageAttestationsVerify TestImageVerifyRefusesTampering
+DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash TestImageIsReproducible TestImageAttestationsVerify TestImageVerifyRefusesTampering TestGoInstallAndKubectlPlugin
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/deploy && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/deploy.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./...
