@@ -152,7 +152,9 @@ type Attached struct {
 // tagged tag in the OCI layout in dir (package image's WriteLayout), and
 // writes them into that layout as referrers of it; with a Signer, it signs
 // the image, the SBOM and the provenance, each signature a referrer of
-// what it signs. It is not safe to run twice on one layout at once.
+// what it signs. It is meant for a layout WriteLayout has just written
+// (cmd/image writes both); two Attach calls must not run on one layout at
+// once.
 func Attach(ctx context.Context, dir, tag string, img v1.Image, o Options) (Attached, error) {
 	var a Attached
 	fail := func(what string, err error) (Attached, error) {

@@ -3,7 +3,8 @@
 // image is a static binary (CGO_ENABLED=0) in one layer on an empty base,
 // run as user 65532, written as an OCI image layout directory. cmd/image is
 // the command line (make image); test/deploy's tests build the same images
-// and run what they unpack.
+// and run what they unpack. Package attest attaches each image's SBOM,
+// provenance and signatures to its layout.
 //
 // See docs/architecture.md for how the packages fit together; this package
 // lives in the nested module test/deploy so that the library takes no
