@@ -157,14 +157,22 @@ test-controllerruntime-lib: kube-bin
 ## ServiceAccount and near misses denied (SubjectAccessReviews); every flag
 ## of the Deployments taken by the binary; each image built (make image's
 ## builder), unpacked and run, serving TLS and /readyz 200, the webhook,
-## signer and apiserver as their ServiceAccount. Fails if a test did not run.
+## signer and apiserver as their ServiceAccount; the webhook's image built a
+## second time to the same digest, its SBOM, provenance and signatures
+## attached and verified against the public key, and tampered layouts (a
+## changed layer, a swapped or edited SBOM, no signature, another key)
+## refused; go install github.com/evercert/evercert/cmd/evercert@<HEAD's
+## pseudo-version> from a GOPROXY directory of the committed HEAD, outside
+## any module, and the binary run as kubectl-evercert found on PATH (the
+## kubectl plugin rule; kubectl itself is not installed). Fails if a test
+## did not run.
 ## Without -race: the evercert code under test runs in the example binaries,
 ## child processes built with CGO_ENABLED=0 (never race-instrumented); the
 ## test process holds only the harness (kustomize, client-go,
 ## go-containerregistry, internal/pki, proctest, testcluster), and -race made
 ## it gzip each image's layer several times slower. -parallel 4: the four
 ## examples of TestImagesServe wait on their child processes side by side.
-DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash
+DEPLOY_TESTS := TestHelmChartLint TestKustomizeBasesAreTheChartRendered TestHelmChartValues TestHelmChartInstall TestHelmChartRefusesBrokenValues TestHelmChartAcceptsValidValues TestHelmChartLifecycle TestKustomizeOverlayPolicyRollsPods TestBasesFollowTheRules TestManifestFlagsExist TestKustomizeBasesServerSideApply TestServiceAccountPermissions TestImagesServe TestBuildAllRefusesBinaryNameClash TestImageIsReproducible TestImageAttestationsVerify TestImageVerifyRefusesTampering TestGoInstallAndKubectlPlugin
 test-deploy: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/deploy && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/deploy.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -count=1 -parallel 4 -v -timeout 30m ./...
@@ -179,9 +187,15 @@ generate-kustomize:
 	cd test/deploy && $(GO) run ./cmd/kustomize-bases --repo-root $(CURDIR)
 
 ## image: the examples' container images (static binaries on an empty base,
-## user 65532), built without a Docker daemon or a base image pull, each
-## written as an OCI image layout in tmp/images/<name>. IMAGE_ARGS go to the
-## builder, e.g. IMAGE_ARGS='--examples webhook --push REGISTRY/evercert/example-{name}:v1'.
+## user 65532), built reproducibly without a Docker daemon or a base image
+## pull, each written as an OCI image layout in tmp/images/<name> with its
+## CycloneDX SBOM and in-toto SLSA provenance attached as OCI referrers.
+## IMAGE_ARGS go to the builder, e.g. IMAGE_ARGS='--signing-key cosign.key'
+## (a PEM ECDSA P-256 key: signs each image, SBOM and provenance; without
+## it they are not signed, and it says so) or
+## IMAGE_ARGS='--examples webhook --push REGISTRY/evercert/example-{name}:v1'.
+## Verify a layout: cd test/deploy && go run ./cmd/image verify --layout
+## ../../tmp/images/webhook --public-key cosign.pub
 IMAGE_ARGS ?=
 image:
 	cd test/deploy && $(GO) run ./cmd/image --repo-root $(CURDIR) --out $(CURDIR)/tmp/images $(IMAGE_ARGS)

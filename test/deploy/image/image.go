@@ -3,7 +3,8 @@
 // image is a static binary (CGO_ENABLED=0) in one layer on an empty base,
 // run as user 65532, written as an OCI image layout directory. cmd/image is
 // the command line (make image); test/deploy's tests build the same images
-// and run what they unpack.
+// and run what they unpack. Package attest attaches each image's SBOM,
+// provenance and signatures to its layout.
 //
 // See docs/architecture.md for how the packages fit together; this package
 // lives in the nested module test/deploy so that the library takes no
@@ -65,6 +66,20 @@ func Lookup(name string) (Example, bool) {
 	return Example{}, false
 }
 
+// GoBuildFlags are the flags of the go build that compiles every image's
+// binary. They make the binary, and so the image's digest, a function of the
+// source files and the toolchain alone (make image twice gives the same
+// digest; TestImageIsReproducible):
+//   - -trimpath: no directory of the machine that built it;
+//   - -buildvcs=false: no VCS stamp, so an untracked file or a checkout
+//     that is a worktree rather than a clone does not change the binary
+//     (the provenance names the commit instead);
+//   - -ldflags=-s -w: no symbol table or DWARF, which only make it larger.
+//
+// GOFLAGS from the environment is cleared for the same reason, so these are
+// all the flags the build takes; the provenance records them.
+var GoBuildFlags = []string{"-trimpath", "-buildvcs=false", "-ldflags=-s -w"}
+
 // Options say how to build.
 type Options struct {
 	// RepoRoot is the repository's root directory (holding go.mod).
@@ -118,10 +133,11 @@ func BuildAll(ctx context.Context, es []Example, o Options) ([]v1.Image, error) 
 		byBin[b] = e
 		bins[i], pkgs[i] = filepath.Join(tmp, b), e.Package
 	}
-	args := append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", tmp + string(filepath.Separator)}, pkgs...)
+	args := append(append([]string{"build"}, GoBuildFlags...), "-o", tmp+string(filepath.Separator))
+	args = append(args, pkgs...)
 	build := exec.CommandContext(ctx, "go", args...)
 	build.Dir = o.RepoRoot
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch, "GOFLAGS=")
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("images: go build %s: %w\n%s", strings.Join(pkgs, " "), err, out)
 	}
@@ -203,6 +219,10 @@ func singleFileTar(name string, data []byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// RefNameAnnotation is the annotation of an OCI layout's index that names
+// a manifest (its tag).
+const RefNameAnnotation = "org.opencontainers.image.ref.name"
+
 // WriteLayout writes img as an OCI image layout in dir (replacing what was
 // there), its manifest annotated with the reference name tag.
 func WriteLayout(dir string, img v1.Image, tag string) error {
@@ -214,14 +234,19 @@ func WriteLayout(dir string, img v1.Image, tag string) error {
 		return fmt.Errorf("OCI layout %s: %w", dir, err)
 	}
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": tag,
+		RefNameAnnotation: tag,
 	})); err != nil {
 		return fmt.Errorf("OCI layout %s: %w", dir, err)
 	}
 	return nil
 }
 
-// ReadLayout returns the first image of the OCI image layout in dir.
+// ReadLayout returns the image of the OCI image layout in dir that
+// WriteLayout wrote: the one manifest annotated with a reference name. The
+// SBOM, provenance and signatures that package attest adds to the layout
+// are manifests too, but carry no reference name (they are found as
+// referrers of the image), and the order of the index is not kept when they
+// are added.
 func ReadLayout(dir string) (v1.Image, error) {
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
@@ -231,10 +256,43 @@ func ReadLayout(dir string) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
 	}
-	if len(m.Manifests) == 0 {
-		return nil, fmt.Errorf("OCI layout %s: no image", dir)
+	var tagged []v1.Descriptor
+	for _, d := range m.Manifests {
+		if d.Annotations[RefNameAnnotation] != "" {
+			tagged = append(tagged, d)
+		}
 	}
-	return idx.Image(m.Manifests[0].Digest)
+	switch {
+	case len(tagged) == 1:
+		return idx.Image(tagged[0].Digest)
+	case len(tagged) == 0 && len(m.Manifests) == 1:
+		return idx.Image(m.Manifests[0].Digest)
+	case len(tagged) == 0:
+		return nil, fmt.Errorf("OCI layout %s: no image (no manifest has a reference name among %d)", dir, len(m.Manifests))
+	default:
+		return nil, fmt.Errorf("OCI layout %s: %d manifests have a reference name, want one image", dir, len(tagged))
+	}
+}
+
+// ReadFile returns the content of the regular file at name (an absolute
+// path, e.g. the entrypoint) in img's flattened file system.
+func ReadFile(img v1.Image, name string) ([]byte, error) {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	want := strings.TrimPrefix(path.Clean(name), "/")
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil, fmt.Errorf("image: no file %s", name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("image: reading %s: %w", name, err)
+		}
+		if strings.TrimPrefix(path.Clean(h.Name), "/") == want && h.Typeflag == tar.TypeReg {
+			return io.ReadAll(tr)
+		}
+	}
 }
 
 // Unpack writes the image's flattened file system under root, which must
