@@ -78,12 +78,16 @@ func writeOperatorHandled(ops operatorRequests, s *corev1.Secret) {
 	}
 }
 
-// emergencyActive reports whether the signing CA is marked compromised and
-// not yet replaced: its successor then signs as soon as every observer
-// confirms it, without the minimum propagation delay.
+// emergencyActive reports whether the signing CA is marked compromised (by
+// the operator's mark, or in the Authority's dropped list: see
+// emergency.decide) and not yet replaced: its successor then signs as soon
+// as every observer confirms it, without the minimum propagation delay.
 func (cs *caSet) emergencyActive() bool {
-	return cs.signing != nil && cs.ops.compromised != "" && cs.ops.compromised != cs.ops.cHandled &&
-		Fingerprint(cs.signing.Cert) == cs.ops.compromised
+	if cs.signing == nil || cs.ops.compromised == "" && len(cs.ops.dropped) == 0 {
+		return false
+	}
+	fp := Fingerprint(cs.signing.Cert)
+	return cs.ops.compromised != cs.ops.cHandled && fp == cs.ops.compromised || slices.Contains(cs.ops.dropped, fp)
 }
 
 // emergency carries out the operator's requests on an Authority's CA
@@ -192,6 +196,17 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 		certmetrics.OperatorRequest(e.name, "rotate", "handled")
 	}
 	fp := cs.ops.compromised
+	// The dropped list is remembered as the marks are: a backup from
+	// before the emergency takes it away with the annotations, and the
+	// successor it dropped (its key sat where the compromised CA's did)
+	// must not come back and sign (a review found it promoted).
+	if len(cs.ops.dropped) > 0 {
+		e.mu.Lock()
+		for _, d := range cs.ops.dropped {
+			e.known[d] = true
+		}
+		e.mu.Unlock()
+	}
 	// A CA this process read marked compromised that the mark no longer
 	// names (the operator marked another before it left ca.crt) is
 	// recorded with the dropped ones: a replica that never read its mark
@@ -205,7 +220,7 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), k), true
 		}
 	}
-	if cs.next != nil && slices.Contains(cs.ops.dropped, Fingerprint(cs.next.Cert)) {
+	if cs.next != nil && Fingerprint(cs.next.Cert) != fp && e.compromised(cs.ops, cs.next.Cert) {
 		// A successor dropped in an emergency (its key sat where the
 		// compromised CA's did) is back as the successor: pasted into the
 		// Secret again, or a restored backup. It never signs: out again,
@@ -216,13 +231,29 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 		cs.bundle = slices.DeleteFunc(cs.bundle, bad.Equal)
 		e.note("", corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s, dropped in an emergency, is back in the Secret as the successor (a hand edit or a restored backup): dropped again", short(Fingerprint(bad))))
 	}
+	// own: the CA replaced is one the Authority knows compromised, not the
+	// operator's current mark.
+	own := false
+	if sfp := Fingerprint(cs.signing.Cert); sfp != fp && e.compromised(cs.ops, cs.signing.Cert) {
+		// A CA known compromised signs again, its mark gone: a backup
+		// from before the mark restored (its annotations with it), or a
+		// hand edit. It is replaced as if marked, and recorded in the
+		// Authority's dropped list rather than in the operator's mark,
+		// which a tool that owns the annotations (GitOps) may take away
+		// again (a review found such a restore signing with the CA).
+		if !slices.Contains(cs.ops.dropped, sfp) {
+			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), sfp), true
+			e.note("", corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s, known to be compromised, is the signing CA again without a mark (a backup from before the mark restored, or a hand edit): emergency rotation again", short(sfp)))
+		}
+		fp, own = sfp, true
+	}
 	if fp == "" {
 		return changed, "", e.drain(cs, &changed)
 	}
 	isSigning := Fingerprint(cs.signing.Cert) == fp
 	isNext := cs.next != nil && Fingerprint(cs.next.Cert) == fp
 	inBundle := slices.ContainsFunc(cs.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
-	if fp == cs.ops.cHandled {
+	if fp == cs.ops.cHandled && !own {
 		// A handled mark is still the operator's word that the CA is
 		// compromised: a replica started after the emergency learns it
 		// here, so that a backup from before the mark, which takes the
@@ -341,6 +372,12 @@ func (e *emergency) drain(cs *caSet, changed *bool) error {
 		cs.ops.cHandled, *changed = fp, true
 	}
 	return nil
+}
+
+// served reports whether a live replica (this one included) serves a
+// leaf c signed.
+func (e *emergency) served(c *x509.Certificate) bool {
+	return e != nil && len(e.serving(c)) > 0
 }
 
 func (e *emergency) knows(fp string) bool {

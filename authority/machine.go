@@ -411,9 +411,17 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	keep := func(c *x509.Certificate) bool {
 		return now.Add(skew).Before(c.NotAfter) && !m.emerg.compromised(st.ops, c)
 	}
+	// A CA known compromised whose leaves live replicas still serve is
+	// written back too, to be drained once they are re-issued (drain):
+	// else clients would fail those leaves at once (a review found a
+	// backup from before the first of two marks leaving every replica
+	// serving leaves of a CA no bundle held).
+	trust := func(c *x509.Certificate) bool {
+		return keep(c) || now.Add(skew).Before(c.NotAfter) && m.emerg.served(c)
+	}
 	restored := false
 	for _, c := range last.bundle {
-		if keep(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
+		if trust(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
 			st.bundle, restored = append(st.bundle, c), true
 		}
 	}
@@ -448,11 +456,17 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid || m.emerg.compromised(st.ops, c.Cert))
 	}
 	if last.signing != nil && keep(last.signing.Cert) &&
-		(st.signing == nil || rolledBack(st.signing)) &&
-		(st.next == nil || !st.next.Cert.Equal(last.signing.Cert)) {
+		(st.signing == nil || rolledBack(st.signing)) {
 		// Ours is newer: the Secret went back in time. (A successor that
-		// another replica promoted is newer than ours and wins.)
+		// another replica promoted is newer than ours and wins: rolledBack
+		// is false for it.) Our signing CA found waiting as the successor
+		// is a backup from before its promotion: its leaves are served, so
+		// it signs again rather than wait, or be dropped as a successor
+		// that signed nothing (a review found an emergency doing that).
 		st.signing, st.legacy, restored = last.signing, last.legacy, true
+		if st.next != nil && st.next.Cert.Equal(st.signing.Cert) {
+			st.next, st.nextSince, st.seenSince, st.inherited = nil, time.Time{}, time.Time{}, false
+		}
 	}
 	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
 		(last.signing != nil && st.signing.Cert.Equal(last.signing.Cert) || last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore)) {

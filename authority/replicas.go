@@ -356,7 +356,9 @@ func (r *replicaSet) covering(ca *x509.Certificate) []string {
 	unseen := r.unseenLocked(now)
 	var out []string
 	for _, l := range r.seen {
-		if len(l.covered) > 0 && now.Before(l.observedAt.Add(l.duration+unseen)) && slices.Contains(l.trusted, fp) {
+		// A successor its observers confirmed while its delay runs
+		// (DelayedCAPrefix) is in its targets too: they are observers.
+		if len(l.covered) > 0 && now.Before(l.observedAt.Add(l.duration+unseen)) && (slices.Contains(l.trusted, fp) || slices.Contains(l.trusted, DelayedCAPrefix+fp)) {
 			out = append(out, l.covered...)
 		}
 	}
