@@ -59,6 +59,8 @@ var simRegressions = []struct {
 		"seed 3561: 3 replicas, publishers [r2], 1h0m0s CAs, 3 faults, ClusterTrustBundle [r2]\n52m3s pubdown r2 for 19m23s\n56m28s paste\n1h5m36s paste"},
 	{"S2: a successor copied into tls.crt by hand signed uncounted while its target's only publisher was paused (machine.step: declared targets are observers for handCopied too)",
 		"seed 2231: 2 replicas, publishers [r1], 40m0s CAs, 3 faults\n16m54s pause r1 for 24m51s\n17m52s paste\n36m18s paste"},
+	{"S1: a restored backup demoted a promoted successor, and an emergency dropped it from ca.crt while its leaves were served (machine.restore: a backup from before a promotion is a rollback)",
+		"seed 102788: 3 replicas, publishers [r0 r1], 1h0m0s CAs, 3 faults\n39m15s slow r2 for 5m3s *:*:timeout\n49m43s restore from 4m58s ago\n53m2s compromise"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }

@@ -1099,6 +1099,18 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 		if rec := parseUnsafeRecord(s); rec.fingerprint != "" && (w.secret == nil || rec.count > parseUnsafeRecord(w.secret).count) {
 			w.unsafe[rec.fingerprint] = true
 		}
+		// A CA the Authority dropped in an emergency (a successor whose
+		// key sat beside the compromised one's) is judged as a marked
+		// one from then on (S3), whatever the Secret says later: a
+		// restored backup takes the list away (a review found the
+		// simulator silent while a dropped successor signed).
+		if v := s.Annotations[emergencyDroppedAnnotation]; v != "" {
+			for _, fp := range splitList(v) {
+				if _, ok := w.marked[fp]; !ok {
+					w.marked[fp] = w.now
+				}
+			}
+		}
 	}
 	w.secret = s
 	// One copy for every watch: a process never changes what its watch

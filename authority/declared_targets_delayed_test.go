@@ -11,7 +11,7 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// TestReview38ForcedPromotionCountsADelayedPublisherAsCovering: the
+// TestForcedPromotionCountsADelayedPublisherAsCovering: the
 // signing CA has ended, so its successor signs (a forced promotion). This
 // process's own delay is over and its observers hold the successor. The
 // only caBundle publisher runs in peer r0, whose observers confirmed the
@@ -24,7 +24,7 @@ import (
 // (soak pause-0.9-ca-after-publication) comes back whenever the publisher
 // runs on one replica only (issue 27 §4) and another replica promotes.
 // The control: the same peer announcing the plain fingerprint.
-func TestReview38ForcedPromotionCountsADelayedPublisherAsCovering(t *testing.T) {
+func TestForcedPromotionCountsADelayedPublisherAsCovering(t *testing.T) {
 	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 	old, err := pki.NewCA(pki.Request{CommonName: "old", Now: now.Add(-61 * time.Minute), Lifetime: time.Hour})
 	if err != nil {

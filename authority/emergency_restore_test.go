@@ -21,9 +21,9 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// review38Restore puts backup's data and annotations back into the CA
+// restoreBackup puts backup's data and annotations back into the CA
 // Secret, as a restore from a backup does.
-func review38Restore(w *emergencyWorld, backup *corev1.Secret) {
+func restoreBackup(w *emergencyWorld, backup *corev1.Secret) {
 	w.t.Helper()
 	for {
 		s := w.secret()
@@ -36,9 +36,9 @@ func review38Restore(w *emergencyWorld, backup *corev1.Secret) {
 	}
 }
 
-// review38Annotate sets one annotation of the CA Secret, as an operator
+// restoreAnnotate sets one annotation of the CA Secret, as an operator
 // does.
-func review38Annotate(w *emergencyWorld, k, v string) {
+func restoreAnnotate(w *emergencyWorld, k, v string) {
 	w.t.Helper()
 	for {
 		s := w.secret()
@@ -54,7 +54,7 @@ func review38Annotate(w *emergencyWorld, k, v string) {
 	}
 }
 
-func review38Fingerprint(t *testing.T, pem []byte) string {
+func restoreFingerprint(t *testing.T, pem []byte) string {
 	t.Helper()
 	if len(pem) == 0 {
 		return ""
@@ -64,7 +64,7 @@ func review38Fingerprint(t *testing.T, pem []byte) string {
 	return authority.Fingerprint(cas[0])
 }
 
-// TestReview38BackupWithPendingSuccessorBringsBackTheDroppedSuccessor: the
+// TestBackupWithPendingSuccessorKeepsTheDroppedSuccessorOut: the
 // backup is from before the mark while a successor was pending (a rotate
 // request, or a scheduled rotation in its delay). The emergency dropped
 // that successor: its key sat where the compromised CA's did (next.key
@@ -73,27 +73,27 @@ func review38Fingerprint(t *testing.T, pem []byte) string {
 // away with the mark. The replicas remember the marked CA (known), but not
 // the dropped successor: the restored Secret's successor is taken for an
 // ordinary one, stays published, and signs once its delay has passed.
-func TestReview38BackupWithPendingSuccessorBringsBackTheDroppedSuccessor(t *testing.T) {
+func TestBackupWithPendingSuccessorKeepsTheDroppedSuccessorOut(t *testing.T) {
 	w := newEmergencyWorld(t)
-	review38Annotate(w, authority.RotateRequestedAnnotation, w.clk.Now().UTC().Format(time.RFC3339))
-	for review38Fingerprint(t, w.secret().Data[authority.NextCertKey]) == "" {
+	restoreAnnotate(w, authority.RotateRequestedAnnotation, w.clk.Now().UTC().Format(time.RFC3339))
+	for restoreFingerprint(t, w.secret().Data[authority.NextCertKey]) == "" {
 		w.step(time.Second)
 	}
 	backup := w.secret().DeepCopy()
-	compromised := review38Fingerprint(t, backup.Data["tls.crt"])
-	pending := review38Fingerprint(t, backup.Data[authority.NextCertKey])
+	compromised := restoreFingerprint(t, backup.Data["tls.crt"])
+	pending := restoreFingerprint(t, backup.Data[authority.NextCertKey])
 	w.emergency()
 	require.Contains(t, w.secret().Annotations["evercert.io/compromised-dropped-successors"], pending,
 		"the emergency dropped the successor that was pending at the mark")
 
-	review38Restore(w, backup)
+	restoreBackup(w, backup)
 	restored := w.clk.Now()
 	// Long enough for the default delay (CALifetime 8h, CARenewBefore
 	// 2h40m, RenewBefore 20m: 35m) to pass on every replica's clock.
 	for w.clk.Since(restored) < 50*time.Minute {
 		w.step(5 * time.Second)
 		s := w.secret()
-		signing := review38Fingerprint(t, s.Data["tls.crt"])
+		signing := restoreFingerprint(t, s.Data["tls.crt"])
 		require.NotEqual(t, compromised, signing, "the compromised CA signs again %v after the restore", w.clk.Since(restored))
 		require.NotEqual(t, pending, signing, "the successor dropped in the emergency (its key sat beside the compromised one) signs %v after a backup from before the mark was restored; annotations %v",
 			w.clk.Since(restored), s.Annotations)
@@ -102,11 +102,11 @@ func TestReview38BackupWithPendingSuccessorBringsBackTheDroppedSuccessor(t *test
 		}
 	}
 	s := w.secret()
-	require.False(t, holds(s.Data[dynamiccert.SecretCAKey], pending) || review38Fingerprint(t, s.Data[authority.NextCertKey]) == pending,
+	require.False(t, holds(s.Data[dynamiccert.SecretCAKey], pending) || restoreFingerprint(t, s.Data[authority.NextCertKey]) == pending,
 		"the dropped successor is still in the Secret (ca.crt or next.crt) 50m after the restore; annotations %v", s.Annotations)
 }
 
-// TestReview38BackupFromBeforeTheFirstMarkDuringASecondEmergency: CA C was
+// TestBackupFromBeforeTheFirstMarkDuringASecondEmergency: CA C was
 // marked compromised and replaced by E; then E is marked too, and its
 // emergency successor F waits for the caBundle publisher (its writes
 // fail). A backup from before the first mark is restored now: C signs
@@ -116,27 +116,27 @@ func TestReview38BackupWithPendingSuccessorBringsBackTheDroppedSuccessor(t *test
 // and C stays the signing CA of the Secret: a CA every replica knows
 // compromised, back in ca.crt and signing, with no mark to run an
 // emergency on.
-func TestReview38BackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T) {
+func TestBackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T) {
 	var webhookDown atomic.Bool
 	w := newEmergencyWorldWith(t, func(c *fake.Clientset) {
 		for _, verb := range []string{"update", "patch", "create"} {
 			c.PrependReactor(verb, "validatingwebhookconfigurations", func(clienttesting.Action) (bool, runtime.Object, error) {
 				if webhookDown.Load() {
-					return true, nil, apierrors.NewInternalError(errors.New("review38: webhook writes fail"))
+					return true, nil, apierrors.NewInternalError(errors.New("webhook writes fail"))
 				}
 				return false, nil, nil
 			})
 		}
 	})
 	backup := w.secret().DeepCopy()
-	first := review38Fingerprint(t, backup.Data["tls.crt"])
+	first := restoreFingerprint(t, backup.Data["tls.crt"])
 	w.emergency()
-	second := review38Fingerprint(t, w.secret().Data["tls.crt"])
+	second := restoreFingerprint(t, w.secret().Data["tls.crt"])
 	require.NotEqual(t, first, second)
 
 	webhookDown.Store(true)
 	w.markCompromised(second)
-	for review38Fingerprint(t, w.secret().Data[authority.NextCertKey]) == "" {
+	for restoreFingerprint(t, w.secret().Data[authority.NextCertKey]) == "" {
 		w.clk.Step(time.Second)
 		w.settle()
 	}
@@ -144,9 +144,9 @@ func TestReview38BackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T
 		w.clk.Step(time.Second)
 		w.settle()
 	}
-	require.Equal(t, second, review38Fingerprint(t, w.secret().Data["tls.crt"]), "the second emergency waits for the publisher")
+	require.Equal(t, second, restoreFingerprint(t, w.secret().Data["tls.crt"]), "the second emergency waits for the publisher")
 
-	review38Restore(w, backup)
+	restoreBackup(w, backup)
 	restored := w.clk.Now()
 	for w.clk.Since(restored) < 5*time.Minute {
 		w.clk.Step(time.Second)
@@ -156,8 +156,8 @@ func TestReview38BackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T
 	// Who signed each replica's leaf, and whether its own bundle holds it.
 	var leaves []string
 	for _, a := range w.replicas {
-		leaves = append(leaves, review38LeafIssuer(t, a))
-		require.Contains(t, review38LeafIssuer(t, a), "in its bundle: true", "5m after the restore, a replica serves a leaf its own bundle does not hold: %v; annotations %v", leaves, s.Annotations)
+		leaves = append(leaves, restoreLeafIssuer(t, a))
+		require.Contains(t, restoreLeafIssuer(t, a), "in its bundle: true", "5m after the restore, a replica serves a leaf its own bundle does not hold: %v; annotations %v", leaves, s.Annotations)
 		require.NotEqual(t, first, authority.Fingerprint(leafCA(t, a)), "%s serves a leaf of the CA known compromised since the first mark", a.Name())
 		require.Equal(t, authority.PhaseEmergency, a.Status().Phase, "%s says the restored CA is being replaced", a.Name())
 	}
@@ -168,19 +168,19 @@ func TestReview38BackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T
 	back := w.clk.Now()
 	for {
 		s = w.secret()
-		if review38Fingerprint(t, s.Data["tls.crt"]) != first && !holds(s.Data[dynamiccert.SecretCAKey], first) && !holds(w.published(), first) {
+		if restoreFingerprint(t, s.Data["tls.crt"]) != first && !holds(s.Data[dynamiccert.SecretCAKey], first) && !holds(w.published(), first) {
 			break
 		}
 		require.Less(t, w.clk.Since(back), 15*time.Minute,
 			"the CA every replica knows compromised since the first mark (%s; the second: %s) is still in use after the restore: signing %v, ca.crt holds it: %v, published: %v; next.crt: %s; leaves %v; annotations %v",
-			first, second, review38Fingerprint(t, s.Data["tls.crt"]) == first, holds(s.Data[dynamiccert.SecretCAKey], first), holds(w.published(), first), review38Fingerprint(t, s.Data[authority.NextCertKey]), leaves, s.Annotations)
+			first, second, restoreFingerprint(t, s.Data["tls.crt"]) == first, holds(s.Data[dynamiccert.SecretCAKey], first), holds(w.published(), first), restoreFingerprint(t, s.Data[authority.NextCertKey]), leaves, s.Annotations)
 		w.step(time.Second)
 	}
 }
 
-// review38LeafIssuer names the issuer of a's leaf and says whether a's own
+// restoreLeafIssuer names the issuer of a's leaf and says whether a's own
 // bundle holds the CA that signed it.
-func review38LeafIssuer(t *testing.T, a *authority.Authority) string {
+func restoreLeafIssuer(t *testing.T, a *authority.Authority) string {
 	t.Helper()
 	leaf := a.Leaf()
 	if leaf == nil {
