@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -51,7 +52,16 @@ const announcementVersion = "evercert.io/replica-announcement/v1"
 // its signature covers: each field as its length (uvarint) and its bytes,
 // so no two Leases encode the same. renewTime is encoded at the
 // microsecond precision the API server stores (MicroTime).
-func announcementMessage(l *coordinationv1.Lease) []byte {
+func announcementMessage(l *coordinationv1.Lease) []byte { return appendAnnouncementMessage(nil, l) }
+
+// announcementBufs hold the buffers checkSignedAnnouncement builds the
+// message of a peer's renewal in: every replica verifies every renewal of
+// every peer, and the message (the leaf's PEM, most of it) is needed only
+// for the verification.
+var announcementBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// appendAnnouncementMessage appends announcementMessage(l) to b.
+func appendAnnouncementMessage(b []byte, l *coordinationv1.Lease) []byte {
 	var holder string
 	if l.Spec.HolderIdentity != nil {
 		holder = *l.Spec.HolderIdentity
@@ -74,7 +84,7 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 	leaf, ahead, covered := l.Annotations[LeafAnnotation], l.Annotations[ClocksAheadAnnotation], l.Annotations[CoveredTargetsAnnotation]
 	n := 13*binary.MaxVarintLen64 + len(announcementVersion) + len(l.Namespace) + len(l.Name) + len(label) + len(holder) +
 		len(duration) + len(renew) + len(trusted) + len(hash) + len(leafSerial) + len(leaf) + len(ahead) + len(covered)
-	b := make([]byte, 0, n)
+	b = slices.Grow(b, n)
 	field := func(s string) {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
@@ -362,7 +372,12 @@ func checkSignedAnnouncement(l *coordinationv1.Lease) (*x509.Certificate, []byte
 	if l.Spec.RenewTime == nil {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementGarbled, err: errors.New("the Lease has no renewTime")}
 	}
-	if err := costly.verify(leaf.PublicKey, announcementMessage(l), sig); err != nil {
+	buf := announcementBufs.Get().(*[]byte)
+	msg := appendAnnouncementMessage((*buf)[:0], l)
+	err = costly.verify(leaf.PublicKey, msg, sig)
+	*buf = msg
+	announcementBufs.Put(buf)
+	if err != nil {
 		return nil, nil, &rejection{reason: certmetrics.AnnouncementForged, err: err}
 	}
 	if l.Annotations[LeafSerialAnnotation] != serial(leaf) {

@@ -733,12 +733,14 @@ func parseCAPair(certPEM, keyPEM []byte) (*pki.Issued, error) {
 
 // parseCARef parses a CA whose key is in a key store: its certificate and
 // the reference; the key is found later (caKeys.resolveKeys). A key beside
-// the reference is refused: the reference was meant to replace it.
+// the reference is refused: the reference was meant to replace it. The
+// certificate is parsed through costly.parseBundle, as every check reads
+// it again, like the CAs parseCAPair parses.
 func parseCARef(certPEM, keyPEM, ref []byte) (*pki.Issued, error) {
 	if len(keyPEM) > 0 {
 		return nil, errors.New("holds both a private key and a key reference; remove the private key")
 	}
-	certs, err := pki.ParseCABundle(certPEM)
+	certs, err := costly.parseBundle(certPEM)
 	if err != nil {
 		return nil, err
 	}

@@ -26,9 +26,14 @@ var costly = struct {
 	parseCert func(der []byte) (*x509.Certificate, error)
 	// parseLeaf parses the leaf a Lease announces (parseAnnouncedLeaf).
 	parseLeaf func(s string) *x509.Certificate
+	// fingerprint is Fingerprint: a SHA-256 of the certificate, which
+	// every check asks of the same few CAs many times.
+	fingerprint func(c *x509.Certificate) string
 	// signedBy reports whether ca's key signed cert.
 	signedBy func(cert, ca *x509.Certificate) bool
 	// verify checks an announcement's signature (verifyAnnouncementSignature).
+	// It keeps none of its arguments: checkSignedAnnouncement reuses msg's
+	// buffer.
 	verify func(pub crypto.PublicKey, msg, sig []byte) error
 	// sign signs a replica's own announcement (signAnnouncement).
 	sign func(l *coordinationv1.Lease, key crypto.Signer) error
@@ -41,6 +46,7 @@ var costly = struct {
 	parseBundle: pki.ParseCABundle,
 	parseCert:   x509.ParseCertificate,
 	parseLeaf:   parseAnnouncedLeaf,
+	fingerprint: fingerprint,
 	signedBy:    func(cert, ca *x509.Certificate) bool { return cert.CheckSignatureFrom(ca) == nil },
 	verify:      verifyAnnouncementSignature,
 	sign:        signAnnouncement,

@@ -77,11 +77,12 @@ type issuer struct {
 	// bundleOf are the CAs bundle and pool were made of: adopt runs at
 	// every check and encodes them again only when they change.
 	bundleOf []*x509.Certificate
-	// leafPEM is leaf's certificate in PEM, for the announcement made at
-	// every check; leafPEMOf the certificate it encodes.
-	leafPEM   []byte
-	leafPEMOf *x509.Certificate
-	unsafe    int
+	// leafPEM is leaf's certificate in PEM and leafSerial its serial, for
+	// the announcement made at every check; leafPEMOf the certificate they
+	// are of.
+	leafPEM, leafSerial string
+	leafPEMOf           *x509.Certificate
+	unsafe              int
 	// skew, when set, is why this replica's clock is the suspect (see
 	// Authority.clockSkew): it writes nothing and issues no leaf.
 	skew     string
@@ -463,14 +464,13 @@ func (i *issuer) adopt(st *caSet, now time.Time, issue bool) error {
 			i.report.Loaded(issued[0].Cert, "keyType", i.cfg.keyTypes[0], "caSerial", serial(st.signing.Cert))
 		}
 	}
-	var leafSerial string
-	var leafPEM []byte
+	var leafSerial, leafPEM string
 	var leafKey crypto.Signer
 	if i.leaf != nil { // none yet while the clock is skewed
 		if i.leafPEMOf != i.leaf.Cert {
-			i.leafPEM, i.leafPEMOf = leafCertPEM(i.leaf.Cert), i.leaf.Cert
+			i.leafPEM, i.leafSerial, i.leafPEMOf = string(leafCertPEM(i.leaf.Cert)), serial(i.leaf.Cert), i.leaf.Cert
 		}
-		leafSerial, leafPEM, leafKey = serial(i.leaf.Cert), i.leafPEM, i.leaf.Key
+		leafSerial, leafPEM, leafKey = i.leafSerial, i.leafPEM, i.leaf.Key
 	}
 	i.mu.Unlock()
 

@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/sha256"
@@ -177,8 +178,12 @@ type replicaSet struct {
 	// announcement; nil when there is no leaf (nothing is signed then, and
 	// the other replicas do not believe the announcement).
 	wantKey crypto.Signer
-	written announcement
-	wroteAt time.Time
+	// hashedBundle is the last bundle announce hashed, and bundleHash its
+	// hash (announcement.bundleHash).
+	hashedBundle []byte
+	bundleHash   string
+	written      announcement
+	wroteAt      time.Time
 	// renewedAt is the renewTime last written, at the microsecond
 	// precision the API server stores: the next one is later, so every
 	// write is newer than the last to the replicas that judge replays.
@@ -255,7 +260,7 @@ func newReplicaSet(client kubernetes.Interface, namespace, authority, id, provid
 // announce sets what this replica announces; the run loop writes it,
 // signed with leafKey, the private key of the leaf leafPEM (nil without a
 // leaf). covered are the caBundle targets its observers stand for.
-func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string, leafPEM []byte, leafKey crypto.Signer, covered []string) {
+func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial, leafPEM string, leafKey crypto.Signer, covered []string) {
 	slices.Sort(trusted)
 	covered = slices.Clone(covered)
 	for n := range covered {
@@ -263,11 +268,17 @@ func (r *replicaSet) announce(trusted []string, bundle []byte, leafSerial string
 	}
 	slices.Sort(covered)
 	covered = slices.Compact(covered)
-	sum := sha256.Sum256(bundle)
-	a := announcement{trusted: strings.Join(trusted, ","), bundleHash: hex.EncodeToString(sum[:]), leafSerial: leafSerial, leafPEM: string(leafPEM),
+	a := announcement{trusted: strings.Join(trusted, ","), leafSerial: leafSerial, leafPEM: leafPEM,
 		covered: strings.Trim(strings.Join(covered, "\n"), "\n")}
 	now := r.clock.Now()
 	r.mu.Lock()
+	// The bundle changes at a rotation step, and is announced at every
+	// check: comparing it costs less than hashing it again.
+	if !bytes.Equal(bundle, r.hashedBundle) || r.hashedBundle == nil {
+		sum := sha256.Sum256(bundle)
+		r.hashedBundle, r.bundleHash = bytes.Clone(bundle), hex.EncodeToString(sum[:])
+	}
+	a.bundleHash = r.bundleHash
 	a.clocksAhead = strings.Join(r.clocksLocked(now).ahead, ",")
 	changed := a != r.want
 	r.want, r.wantKey = a, leafKey

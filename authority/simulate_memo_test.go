@@ -31,6 +31,7 @@ import (
 // call on the same bytes; nothing the rotation decides can differ.
 func init() {
 	parseCA, parseBundle, parseCert, parseLeaf, signedBy, verify, sign, issueLeaf := costly.parseCA, costly.parseBundle, costly.parseCert, costly.parseLeaf, costly.signedBy, costly.verify, costly.sign, costly.issueLeaf
+	fingerprint := costly.fingerprint
 	type issued struct {
 		v   *pki.Issued
 		err error
@@ -67,6 +68,23 @@ func init() {
 		// The bytes of s, read only: a key is copied when stored.
 		b := unsafe.Slice(unsafe.StringData(s), len(s))
 		return leaves.get(func() *x509.Certificate { return parseLeaf(s) }, b)
+	}
+	// Fingerprints by the certificate's identity, as signedPairs: the CAs
+	// come from the memos of parsed CAs and bundles, so every check asks
+	// of the same pointers. The entry keeps the Raw it hashed, and is
+	// used only while the certificate still holds that same slice.
+	type fp struct {
+		raw []byte
+		fp  string
+	}
+	fps := newSimPtrMemo[*x509.Certificate, fp]()
+	costly.fingerprint = func(c *x509.Certificate) string {
+		if v, ok := fps.get(c); ok && len(v.raw) == len(c.Raw) && unsafe.SliceData(v.raw) == unsafe.SliceData(c.Raw) {
+			return v.fp
+		}
+		v := fingerprint(c)
+		fps.put(c, fp{c.Raw, v})
+		return v
 	}
 	signatures := newSimMemo[bool]()
 	// Before the memo of their bytes, the same two certificates by
@@ -142,7 +160,8 @@ func init() {
 			return verify(pub, msg, sig)
 		}
 		err = verified.get(func() error { return verify(pub, msg, sig) }, der, msg, sig)
-		bySig.put(pub, msg, sig, err)
+		// A copy: the caller reuses msg's buffer (costly.verify).
+		bySig.put(pub, bytes.Clone(msg), sig, err)
 		return err
 	}
 	// A replica's own announcement verifies with its key: that is what a
@@ -284,7 +303,7 @@ func (m *simSigMemo) get(pub crypto.PublicKey, msg, sig []byte) (error, bool) {
 	return v.err, true
 }
 
-// put keeps msg: the caller built it for this call and changes it no more.
+// put keeps msg: the caller passes a copy of its own.
 func (m *simSigMemo) put(pub crypto.PublicKey, msg, sig []byte, err error) {
 	if !simKeyHasIdentity(pub) {
 		return
@@ -415,6 +434,22 @@ func TestSimMemosAnswerAsTheRealCalls(t *testing.T) {
 				}
 			}
 		}
+	}
+
+	// Fingerprints, found again by the certificate's identity, and not
+	// once its Raw is another certificate's.
+	for _, c := range []*x509.Certificate{ca.Cert, other.Cert, leaf.Cert, peerLeaf} {
+		for range 2 {
+			if got, want := Fingerprint(c), fingerprint(c); got != want {
+				t.Errorf("Fingerprint(%s) = %s, the real call says %s", c.Subject.CommonName, got, want)
+			}
+		}
+	}
+	reused := &x509.Certificate{Raw: ca.Cert.Raw}
+	_ = Fingerprint(reused)
+	reused.Raw = other.Cert.Raw
+	if got, want := Fingerprint(reused), fingerprint(other.Cert); got != want {
+		t.Errorf("Fingerprint of a certificate whose Raw changed = %s, the real call says %s", got, want)
 	}
 
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "memo", Labels: map[string]string{LeaseLabel: "memo"},
