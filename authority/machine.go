@@ -411,26 +411,6 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	keep := func(c *x509.Certificate) bool {
 		return now.Add(skew).Before(c.NotAfter) && !m.emerg.compromised(st.ops, c)
 	}
-	// A CA known compromised whose leaves live replicas still serve is
-	// written back too, to be drained once they are re-issued (drain):
-	// else clients would fail those leaves at once (a review found a
-	// backup from before the first of two marks leaving every replica
-	// serving leaves of a CA no bundle held).
-	trust := func(c *x509.Certificate) bool {
-		return keep(c) || now.Add(skew).Before(c.NotAfter) && m.emerg.served(c)
-	}
-	restored := false
-	for _, c := range last.bundle {
-		if trust(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
-			st.bundle, restored = append(st.bundle, c), true
-		}
-	}
-	if restored {
-		// Only a bundle that is written back is reordered: a replica that
-		// holds ca.crt in another order than the Secret publishes other
-		// bytes (caBundle, bundle file, its announced hash) than its peers.
-		slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
-	}
 	// The Secret went back in time when its signing CA is older than ours
 	// and either one we knew (a restore brings back what was there before)
 	// or no longer valid. A valid CA we never saw is another writer's: a
@@ -455,8 +435,31 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		// mark gone with the backup's annotations).
 		return last.signing.Cert.NotBefore.After(c.Cert.NotBefore) && (known || !valid || m.emerg.compromised(st.ops, c.Cert))
 	}
-	if last.signing != nil && keep(last.signing.Cert) &&
-		(st.signing == nil || rolledBack(st.signing)) {
+	wentBack := last.signing != nil && (st.signing == nil || rolledBack(st.signing))
+	// A CA known compromised whose leaves live replicas still serve is
+	// written back too when the Secret went back in time, to be drained
+	// once they are re-issued (drain): else clients would fail those
+	// leaves at once (a review found a backup from before the first of
+	// two marks leaving every replica serving leaves of a CA no bundle
+	// held). Only then: a peer that drained it, its view of who serves
+	// what ahead of ours, would otherwise meet it written back at every
+	// round (the simulator found that hot loop, seed 190).
+	trust := func(c *x509.Certificate) bool {
+		return keep(c) || wentBack && now.Add(skew).Before(c.NotAfter) && m.emerg.served(c)
+	}
+	restored := false
+	for _, c := range last.bundle {
+		if trust(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
+			st.bundle, restored = append(st.bundle, c), true
+		}
+	}
+	if restored {
+		// Only a bundle that is written back is reordered: a replica that
+		// holds ca.crt in another order than the Secret publishes other
+		// bytes (caBundle, bundle file, its announced hash) than its peers.
+		slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
+	}
+	if last.signing != nil && keep(last.signing.Cert) && wentBack {
 		// Ours is newer: the Secret went back in time. (A successor that
 		// another replica promoted is newer than ours and wins: rolledBack
 		// is false for it.) Our signing CA found waiting as the successor
