@@ -1,16 +1,13 @@
 package authority_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/evercert/evercert/authority"
-	"github.com/evercert/evercert/dynamiccert"
 	"github.com/evercert/evercert/internal/pki"
 )
 
@@ -44,36 +41,7 @@ func testBackupFromBeforeTheMark(t *testing.T, restart bool) {
 		}
 	}
 
-	for {
-		s := w.secret()
-		s.Data, s.Annotations = backup.Data, backup.Annotations
-		_, err := w.client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
-		if !apierrors.IsConflict(err) {
-			require.NoError(t, err)
-			break
-		}
-	}
-	restored := w.clk.Now()
-	done := func() bool {
-		s := w.secret()
-		signing, err := pki.ParseCABundle(s.Data["tls.crt"])
-		if err != nil || authority.Fingerprint(signing[0]) == fp || holds(s.Data[dynamiccert.SecretCAKey], fp) || holds(w.published(), fp) {
-			return false
-		}
-		for _, a := range w.replicas {
-			leaf := a.Leaf()
-			if leaf == nil || holds(a.CurrentCABundleContent(), fp) || authority.Fingerprint(signing[0]) != authority.Fingerprint(leafCA(t, a)) {
-				return false
-			}
-		}
-		return true
-	}
-	for !done() {
-		s := w.secret()
-		require.Less(t, w.clk.Since(restored), 15*time.Minute, "the compromised CA restored from a backup is still in use: tls.crt holds it %v, ca.crt holds it %v, published %v, annotations %v",
-			holds(s.Data["tls.crt"], fp), holds(s.Data[dynamiccert.SecretCAKey], fp), holds(w.published(), fp), s.Annotations)
-		w.step(time.Second)
-	}
+	w.editSecret(func(s *corev1.Secret) { s.Data, s.Annotations = backup.Data, backup.Annotations })
+	w.untilGone(fp, "the compromised CA restored from a backup")
 	require.Contains(t, w.secret().Annotations["evercert.io/compromised-dropped-successors"], fp, "the Secret records the CA it keeps out")
-	require.Zero(t, w.failed.Load(), "failed handshakes of a client following the caBundle")
 }

@@ -532,39 +532,45 @@ func TestCompromisedCAPastedBackIsRotatedAgain(t *testing.T) {
 	fp := authority.Fingerprint(cas[0])
 	w.emergency()
 
-	for {
-		s := w.secret()
+	w.editSecret(func(s *corev1.Secret) {
 		s.Data["tls.crt"], s.Data["tls.key"] = before.Data["tls.crt"], before.Data["tls.key"]
-		_, err := w.client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
-		if !apierrors.IsConflict(err) {
-			require.NoError(t, err)
-			break
-		}
-	}
-	pasted := w.clk.Now()
+	})
+	w.untilGone(fp, "the compromised CA pasted back")
+	require.Zero(t, w.failed.Load(), "failed handshakes of a client following the caBundle")
+}
+
+// untilGone steps the clock until the CA fp neither signs nor is trusted
+// (tls.crt, ca.crt, the published caBundle, every replica's bundle) and
+// every replica serves a leaf of the Secret's signing CA, failing after 15
+// minutes (what names the state, for the message).
+func (w *emergencyWorld) untilGone(fp, what string) {
+	w.t.Helper()
+	since := w.clk.Now()
 	done := func() bool {
-		signing, err := pki.ParseCABundle(w.secret().Data["tls.crt"])
-		if err != nil || authority.Fingerprint(signing[0]) == fp || holds(w.secret().Data[dynamiccert.SecretCAKey], fp) || holds(w.published(), fp) {
+		s := w.secret()
+		signing, err := pki.ParseCABundle(s.Data["tls.crt"])
+		if err != nil || authority.Fingerprint(signing[0]) == fp || holds(s.Data[dynamiccert.SecretCAKey], fp) || holds(w.published(), fp) {
 			return false
 		}
 		for _, a := range w.replicas {
 			leaf := a.Leaf()
-			if leaf == nil || holds(a.CurrentCABundleContent(), fp) || authority.Fingerprint(signing[0]) != authority.Fingerprint(leafCA(t, a)) {
+			if leaf == nil || holds(a.CurrentCABundleContent(), fp) || authority.Fingerprint(signing[0]) != authority.Fingerprint(leafCA(w.t, a)) {
 				return false
 			}
 		}
 		return true
 	}
 	for !done() {
-		require.Less(t, w.clk.Since(pasted), 15*time.Minute, "the compromised CA pasted back is still in use: signing %v, ca.crt holds it %v, published %v, annotations %v",
-			w.secret().Data["tls.crt"] != nil, holds(w.secret().Data[dynamiccert.SecretCAKey], fp), holds(w.published(), fp), w.secret().Annotations)
+		s := w.secret()
+		require.Less(w.t, w.clk.Since(since), 15*time.Minute, "%s is still in use: tls.crt holds it %v, ca.crt holds it %v, published %v, annotations %v",
+			what, holds(s.Data["tls.crt"], fp), holds(s.Data[dynamiccert.SecretCAKey], fp), holds(w.published(), fp), s.Annotations)
 		w.step(time.Second)
 	}
-	require.Zero(t, w.failed.Load(), "failed handshakes of a client following the caBundle")
+	require.Zero(w.t, w.failed.Load(), "failed handshakes of a client following the caBundle")
 }
 
 // leafCA returns the CA in a's bundle that signed its leaf.
-func leafCA(t *testing.T, a *authority.Authority) *x509.Certificate {
+func leafCA(t testing.TB, a *authority.Authority) *x509.Certificate {
 	t.Helper()
 	cas, err := pki.ParseCABundle(a.CurrentCABundleContent())
 	require.NoError(t, err)

@@ -61,6 +61,8 @@ var simRegressions = []struct {
 		"seed 2231: 2 replicas, publishers [r1], 40m0s CAs, 3 faults\n16m54s pause r1 for 24m51s\n17m52s paste\n36m18s paste"},
 	{"S1: a restored backup demoted a promoted successor, and an emergency dropped it from ca.crt while its leaves were served (machine.restore: a backup from before a promotion is a rollback)",
 		"seed 102788: 3 replicas, publishers [r0 r1], 1h0m0s CAs, 3 faults\n39m15s slow r2 for 5m3s *:*:timeout\n49m43s restore from 4m58s ago\n53m2s compromise"},
+	{"L1: a hot loop: a compromised CA written back while a peer drained it (machine.restore: only when the Secret went back in time)",
+		"seed 190: 8 replicas, publishers [r2 r3 r4 r6 r7], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r1 r2 r4 r6]\n30m12s forge r1 garbled\n34m59s rollout for 8m54s x2\n35m12s slow r5 for 9m43s leases:*:timeout\n46m31s compromise"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }
