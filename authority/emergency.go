@@ -245,6 +245,18 @@ func (e *emergency) decide(cs *caSet, now time.Time, obs observation) (changed b
 			cs.ops.dropped, changed = append(slices.Clone(cs.ops.dropped), sfp), true
 			e.note("", corev1.EventTypeWarning, dynamiccert.ReasonEmergencyCARotation, fmt.Sprintf("CA %s, known to be compromised, is the signing CA again without a mark (a backup from before the mark restored, or a hand edit): emergency rotation again", short(sfp)))
 		}
+		if fp != "" && fp != cs.ops.cHandled && cs.next != nil && Fingerprint(cs.next.Cert) == fp {
+			// The operator marked the successor (the mark moved to the
+			// one this emergency published): out of ca.crt at once, as
+			// any marked successor, and a new one in its place (a review
+			// found it promoted, the own branch having taken fp over).
+			e.mu.Lock()
+			e.known[fp] = true
+			e.mu.Unlock()
+			bad := cs.next.Cert
+			cs.next, changed = nil, true
+			cs.bundle = slices.DeleteFunc(cs.bundle, bad.Equal)
+		}
 		fp, own = sfp, true
 	}
 	if fp == "" {
