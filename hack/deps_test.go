@@ -46,6 +46,7 @@ var origin = map[string]struct{ how, pkg string }{
 	"make":           {prerequisite, ""},
 	"git":            {prerequisite, ""},
 	"bash":           {essential, "bash"},
+	"sh":             {essential, "dash"},
 	"cat":            {essential, "coreutils"},
 	"mkdir":          {essential, "coreutils"},
 	"rm":             {essential, "coreutils"},
@@ -85,6 +86,7 @@ var indirect = map[string][]string{
 	"test/posture/posture_test.go bin":                                                                 {repoBuilt, "sslscan"},
 	"test/posture/posture_test.go goTool()":                                                            {"go"},
 	"test/deploy/helm_test.go u.bin()":                                                                 {repoBuilt},
+	"test/deploy/attest_test.go name":                                                                  {"go", "git"},
 	"test/deploy/manifests_test.go u.bin()":                                                            {repoBuilt},
 }
 
