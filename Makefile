@@ -43,7 +43,7 @@ test-unit: deps
 ## found) must be caught from seed 1 on, and the open gaps still reached.
 ## A failure prints the seed and the shrunk schedule. Fails if a test did
 ## not pass.
-SIM_SEEDS ?= 5000
+SIM_SEEDS ?= 10000
 SIM_TESTS := TestSimulate TestSimulateFindsMutations TestSimulateFindsOpenGaps
 test-sim:
 	@mkdir -p $(CURDIR)/tmp

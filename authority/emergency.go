@@ -556,7 +556,7 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 		out = append(out, unlistedPeers)
 	}
 	for _, l := range r.seen {
-		if !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) && l.leaf != nil && signedBy(l.leaf, ca) {
+		if !l.deleted && r.waitedForLocked(l, now, unseen) && l.leaf != nil && signedBy(l.leaf, ca) {
 			out = append(out, "replica/"+l.holder)
 		}
 	}

@@ -47,7 +47,7 @@ func (r *replicaSet) namesInUse(set string) bool {
 		return true
 	}
 	for _, l := range r.seen {
-		if l.leaf != nil && now.Before(l.observedAt.Add(l.duration+unseen)) && leafNames(l.leaf.DNSNames, l.leaf.IPAddresses) == set {
+		if l.leaf != nil && r.waitedForLocked(l, now, unseen) && leafNames(l.leaf.DNSNames, l.leaf.IPAddresses) == set {
 			return true
 		}
 	}

@@ -346,7 +346,7 @@ func (r *replicaSet) pendingOf(ca *x509.Certificate, current bool) []string {
 		if current && slices.Contains(l.trusted, DelayedCAPrefix+fp) {
 			continue // its consumers hold ca; only its delay runs
 		}
-		if now.Before(l.observedAt.Add(l.duration+unseen)) && !slices.Contains(l.trusted, fp) && !(current && l.stale) {
+		if r.waitedForLocked(l, now, unseen) && !slices.Contains(l.trusted, fp) && !(current && l.stale) {
 			out = append(out, "replica/"+l.holder)
 		}
 	}
@@ -444,6 +444,32 @@ func (r *replicaSet) run(ctx context.Context, kick, apiBack func()) {
 		}
 		r.woke()
 	}
+}
+
+// waitedForLocked reports whether this process still waits for the replica
+// of l at now, in everything that waits for live replicas (a successor's
+// observers, a drain, the bundles, leaves and names they serve): until l's
+// duration has passed since its renewal was seen, plus unseen (see
+// unseenLocked), plus leaseMargin.
+func (r *replicaSet) waitedForLocked(l *seenLease, now time.Time, unseen time.Duration) bool {
+	return now.Before(l.observedAt.Add(l.duration + unseen + leaseMargin(l.duration, r.skew)))
+}
+
+// leaseMargin is how long past its duration a Lease is still waited for:
+// the skew tolerance, at most a renewal interval (a third of duration).
+// The Lease holds on its holder's clock, and this process measures the
+// duration on its own: a clock that runs fast, or one of the two that
+// steps, makes the measure short by as much as the clocks' offset moved
+// meanwhile, which the tolerance bounds. Without the margin a replica
+// counted a peer gone while the peer's Lease still held on the peer's
+// clock, and promoted an emergency's successor under it (simulator seeds
+// 5033, a clock gaining 0.3 s a minute, and 200906, a clock stepped back
+// 13 s; S2). The cap keeps a gone replica from holding a rotation for
+// the whole tolerance (an hour by default): the offsets of clocks that
+// move further than a renewal interval within one lease duration are
+// beyond what a Lease can tell.
+func leaseMargin(duration, skew time.Duration) time.Duration {
+	return min(skew, duration/3)
 }
 
 // unseenLocked is how long this process has not been watching as of now,

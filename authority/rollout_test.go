@@ -229,6 +229,14 @@ func TestGracefulShutdownDeletesLease(t *testing.T) {
 	w.stop(0)
 	_, err = w.client.Tracker().Get(leaseGVR, "ns", leaseName)
 	require.Error(t, err, "replica r0's Lease still exists after its Run returned")
+	// The peer's watch delivers the release and the delete on real time:
+	// the clock steps once it has (it came after the release).
+	waitFor(t, "r1 to see r0's Lease deleted", func() bool {
+		peer.replicas.mu.Lock()
+		defer peer.replicas.mu.Unlock()
+		l := peer.replicas.seen[leaseName]
+		return l == nil || l.deleted
+	})
 	w.settle()
 	w.step(2 * time.Second)
 	require.NotContains(t, peer.replicas.pending(unknown), "replica/r0", "r1 still waits for the stopped r0 %v after it stopped", 2*time.Second)

@@ -17,7 +17,8 @@ import (
 // included, by "replica/<id>": what clients of any replica are served,
 // for cabundle to check the published bundles against. With
 // DisableReplicaAnnouncements it is this replica's own leaf. A replica is
-// live as long as it counts for a rotation: until its lease duration has
+// live as long as it counts for a rotation: until its lease duration and a
+// margin (the skew tolerance, at most a third of the duration) have
 // passed, on this process's clock, since its last renewal was seen.
 func (a *Authority) ServedChains() []dynamiccert.ServedChain {
 	if a.replicas == nil {
@@ -62,7 +63,7 @@ func (r *replicaSet) announcesBundle(hash string) bool {
 	defer r.mu.Unlock()
 	unseen := r.unseenLocked(now)
 	for _, l := range r.seen {
-		if l.bundleHash == hash && !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) {
+		if l.bundleHash == hash && !l.deleted && r.waitedForLocked(l, now, unseen) {
 			return true
 		}
 	}
@@ -78,7 +79,7 @@ func (r *replicaSet) servedChains() []dynamiccert.ServedChain {
 	unseen := r.unseenLocked(now)
 	var out []dynamiccert.ServedChain
 	for _, l := range r.seen {
-		if l.leaf != nil && !l.deleted && now.Before(l.observedAt.Add(l.duration+unseen)) {
+		if l.leaf != nil && !l.deleted && r.waitedForLocked(l, now, unseen) {
 			out = append(out, dynamiccert.ServedChain{Server: "replica/" + l.holder, Chain: []*x509.Certificate{l.leaf}})
 		}
 	}

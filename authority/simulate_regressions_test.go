@@ -63,6 +63,10 @@ var simRegressions = []struct {
 		"seed 102788: 3 replicas, publishers [r0 r1], 1h0m0s CAs, 3 faults\n39m15s slow r2 for 5m3s *:*:timeout\n49m43s restore from 4m58s ago\n53m2s compromise"},
 	{"L1: a hot loop: a compromised CA written back while a peer drained it (machine.restore: only when the Secret went back in time)",
 		"seed 190: 8 replicas, publishers [r2 r3 r4 r6 r7], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r1 r2 r4 r6]\n30m12s forge r1 garbled\n34m59s rollout for 8m54s x2\n35m12s slow r5 for 9m43s leases:*:timeout\n46m31s compromise"},
+	{"S2: a replica whose clock ran fast counted a peer gone while the peer's Lease still held, and promoted an emergency's successor under it (replicaSet.waitedForLocked: the skew tolerance past the lease duration)",
+		"seed 5033: 10 replicas, publishers [r0 r3 r4 r6], 1h0m0s CAs, 6 faults, ClusterTrustBundle [r3 r4 r5 r6 r9]\n5m15s compromise\n7m6s rotate\n15m17s drift r8 294ms\n20m17s api r8 for 12m36s leases:*:403\n29m42s slow r3 for 6m43s *:*:timeout\n35m36s compromise"},
+	{"S2: a replica whose clock stepped back (within the tolerance) while its calls timed out was counted gone while its Lease held, and an emergency's successor signed under it (replicaSet.waitedForLocked)",
+		"seed 200906: 6 replicas, publishers [r0 r3 r5], 40m0s CAs, 3 faults\n35m50s slow r4 for 12m49s *:*:timeout\n35m55s clock r4 -13s\n37m6s compromise"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }

@@ -2203,7 +2203,7 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 	return found, foundV, total, ran
 }
 
-// TestSimulate runs -sim.seeds seeds (make test-sim: 5,000; make simulate:
+// TestSimulate runs -sim.seeds seeds (make test-sim: 10,000; make simulate:
 // SEEDS) and fails on the first invariant violation, printing the seed
 // and the shrunk schedule.
 func TestSimulate(t *testing.T) {

@@ -234,7 +234,7 @@ func goPrograms(t *testing.T, root string) map[string][]string {
 }
 
 var (
-	makeVar     = regexp.MustCompile(`\$\(([A-Za-z_]+)\)`)
+	makeVar     = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 	quoted      = regexp.MustCompile(`'[^']*'|"[^"]*"`)
 	separators  = regexp.MustCompile(`&&|\|\||[;|{}()!]`)
 	assignment  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
