@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -75,30 +76,36 @@ func Begin(name string) string { return "<!-- figures:" + name + " begin -->\n" 
 // End is the line after block name; see Begin.
 func End(name string) string { return "<!-- figures:" + name + " end -->\n" }
 
+// marker is a begin or end line of a block; a marker must be a line of
+// its own, so that prose may quote one.
+var marker = regexp.MustCompile(`(?m)^<!-- figures:(\S+) (begin|end) -->$`)
+
 // Extract returns the blocks of doc by name, and an error for a begin
-// marker without its end.
+// marker without its end, an end without its begin, or a block twice.
 func Extract(doc string) (map[string]string, error) {
 	out := map[string]string{}
-	rest := doc
-	for {
-		_, after, ok := strings.Cut(rest, "<!-- figures:")
-		if !ok {
-			return out, nil
+	open, start := "", 0
+	for _, m := range marker.FindAllStringSubmatchIndex(doc, -1) {
+		name, kind := doc[m[2]:m[3]], doc[m[4]:m[5]]
+		switch {
+		case kind == "begin" && open != "":
+			return nil, fmt.Errorf("block %s: begins inside block %s", name, open)
+		case kind == "begin":
+			if _, dup := out[name]; dup {
+				return nil, fmt.Errorf("block %s: twice", name)
+			}
+			open, start = name, m[1]+1
+		case name != open:
+			return nil, fmt.Errorf("block %s: an end marker without its begin", name)
+		default:
+			out[name] = doc[start:m[0]]
+			open = ""
 		}
-		name, _, ok := strings.Cut(after, " begin -->\n")
-		if !ok || strings.ContainsAny(name, " \n") {
-			return nil, fmt.Errorf("a figures marker that is not %q", Begin("NAME"))
-		}
-		body, after, ok := strings.Cut(after[len(name)+len(" begin -->\n"):], End(name))
-		if !ok {
-			return nil, fmt.Errorf("block %s: no %q", name, strings.TrimSpace(End(name)))
-		}
-		if _, dup := out[name]; dup {
-			return nil, fmt.Errorf("block %s: twice", name)
-		}
-		out[name] = body
-		rest = after
 	}
+	if open != "" {
+		return nil, fmt.Errorf("block %s: no %q", open, strings.TrimSpace(End(open)))
+	}
+	return out, nil
 }
 
 // Splice writes blocks into doc between their markers. Every block must
@@ -114,12 +121,23 @@ func Splice(doc string, blocks map[string]string) (string, error) {
 		}
 	}
 	for _, name := range sortedKeys(blocks) {
-		before, rest, ok := strings.Cut(doc, Begin(name))
-		if !ok {
-			return "", fmt.Errorf("block %s: no %q marker", name, strings.TrimSpace(Begin(name)))
+		if _, ok := have[name]; !ok {
+			return "", fmt.Errorf("block %s: no %q line", name, strings.TrimSpace(Begin(name)))
 		}
-		_, after, _ := strings.Cut(rest, End(name))
-		doc = before + Begin(name) + blocks[name] + End(name) + after
 	}
+	// Extract checked the markers pair up: replace what lies between each
+	// begin line and the end line after it.
+	var out strings.Builder
+	last := 0 // where the text to keep starts: 0, then each end line
+	for _, m := range marker.FindAllStringSubmatchIndex(doc, -1) {
+		name := doc[m[2]:m[3]]
+		if doc[m[4]:m[5]] == "begin" {
+			out.WriteString(doc[last:m[0]] + Begin(name) + blocks[name])
+		} else {
+			last = m[0]
+		}
+	}
+	out.WriteString(doc[last:])
+	doc = out.String()
 	return doc, nil
 }

@@ -101,8 +101,8 @@ func SoakBlock(s *Soak) string {
 		if len(unsafeIn) > 0 {
 			unsafe += ", reported as such, all in scenarios that pause longer than they may: " + strings.Join(unsafeIn, ", ")
 		}
-		fmt.Fprintf(&b, "- Fault soak, `TestSoakFaults` (real Run loops, Authority replicas on a fake API server with optimistic concurrency, real files, the caBundle publisher, a stepped fake clock; %s): %s scenarios x %s cycles, %s simulated years, %s rotations, %s real handshakes, %s API calls, %s hot loops, %s failures; %s.\n",
-			s.wall("TestSoakFaults"), m[1], m[2], m[3], count(num(m[4])), count(num(m[5])), count(num(m[6])), m[8], m[9], unsafe)
+		fmt.Fprintf(&b, "- Fault soak, `TestSoakFaults` (real Run loops, Authority replicas on a fake API server with optimistic concurrency, real files, the caBundle publisher, a stepped fake clock; %s): %s scenarios x %s, %s simulated years, %s rotations, %s real handshakes, %s API calls, %s hot loops, %s failures; %s.\n",
+			s.wall("TestSoakFaults"), m[1], plural(m[2], "cycle"), m[3], count(num(m[4])), count(num(m[5])), count(num(m[6])), m[8], m[9], unsafe)
 	}
 	var busiest []string
 	for _, l := range s.Lines {
@@ -123,8 +123,8 @@ func SoakBlock(s *Soak) string {
 			what, test = "Real clock, `TestSoakRealTime` (concurrent TLS clients and loopback requests while certificates rotate", "TestSoakRealTime"
 		}
 		providers := len(strings.Fields(m[3]))
-		fmt.Fprintf(&b, "- %s; %s): %s rotations across %d providers, %s real handshakes, %s loopback requests, %s failures; goroutines %s -> %s, heap in use %s -> %s.\n",
-			what, s.wall(test), count(num(m[2])), providers, count(num(m[4])), count(num(m[5])), m[6], m[7], m[8], bytes(num(m[9])*1024), bytes(num(m[10])*1024))
+		fmt.Fprintf(&b, "- %s; %s): %s across %s, %s real handshakes, %s loopback requests, %s failures; goroutines %s -> %s, heap in use %s -> %s.\n",
+			what, s.wall(test), plural(count(num(m[2])), "rotation"), plural(strconv.Itoa(providers), "provider"), count(num(m[4])), count(num(m[5])), m[6], m[7], m[8], bytes(num(m[9])*1024), bytes(num(m[10])*1024))
 	}
 	if m := s.find(soakAtRest); m != nil {
 		fmt.Fprintf(&b, "- Scale, `TestSoakFaults/%s` (%s replicas on the fake API server, one cycle): at rest for %s min, %s requests per replica per minute, CPU %s per replica per minute, heap in use %s per replica",
@@ -138,4 +138,12 @@ func SoakBlock(s *Soak) string {
 		b.WriteString(".\n")
 	}
 	return b.String()
+}
+
+// plural writes n and word, with an s unless n is 1.
+func plural(n, word string) string {
+	if n == "1" {
+		return n + " " + word
+	}
+	return n + " " + word + "s"
 }
