@@ -42,7 +42,7 @@ func TestFiguresBlocks(t *testing.T) {
 			continue
 		}
 		if h != want[name] {
-			t.Errorf("docs/measured.md: the figures:%s block differs from what docs/figures records; run\n\t%s\n%s", name, figuresCommand, firstDifference(h, want[name]))
+			t.Errorf("docs/measured.md: the figures:%s block differs from what docs/figures records; run\n\t%s\n%s", name, figuresCommand, firstDifference(h, want[name], "record"))
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(have)) {
