@@ -118,13 +118,15 @@ func SoakBlock(s *Soak) string {
 		if m == nil {
 			continue
 		}
-		what, test := "Simulated years, `TestSoakSimulatedYears` (daily steps on a fake clock, every provider's Run loop, real TLS clients", "TestSoakSimulatedYears"
+		rotations, failures := plural(count(num(m[2])), "rotation"), m[6]
+		flat := fmt.Sprintf("goroutines %s -> %s, heap in use %s -> %s", m[7], m[8], bytes(num(m[9])*1024), bytes(num(m[10])*1024))
 		if m[1] == "real-time" {
-			what, test = "Real clock, `TestSoakRealTime` (concurrent TLS clients and loopback requests while certificates rotate", "TestSoakRealTime"
+			fmt.Fprintf(&b, "- Real clock, `TestSoakRealTime` (the server's self-signed certificate lives 3 s, its clients re-read the CA bundle file before every request; %s): %s, %s HTTPS requests, %s failures; %s.\n",
+				s.wall("TestSoakRealTime"), rotations, count(num(m[5])), failures, flat)
+			continue
 		}
-		providers := len(strings.Fields(m[3]))
-		fmt.Fprintf(&b, "- %s; %s): %s across %s, %s real handshakes, %s loopback requests, %s failures; goroutines %s -> %s, heap in use %s -> %s.\n",
-			what, s.wall(test), plural(count(num(m[2])), "rotation"), plural(strconv.Itoa(providers), "provider"), count(num(m[4])), count(num(m[5])), m[6], m[7], m[8], bytes(num(m[9])*1024), bytes(num(m[10])*1024))
+		fmt.Fprintf(&b, "- Simulated years, `TestSoakSimulatedYears` (daily steps on a fake clock, every provider's Run loop, real TLS clients; %s): %s across %s, %s real handshakes, %s loopback requests, %s failures; %s.\n",
+			s.wall("TestSoakSimulatedYears"), rotations, plural(strconv.Itoa(len(strings.Fields(m[3]))), "provider"), count(num(m[4])), count(num(m[5])), failures, flat)
 	}
 	if m := s.find(soakAtRest); m != nil {
 		fmt.Fprintf(&b, "- Scale, `TestSoakFaults/%s` (%s replicas on the fake API server, one cycle): at rest for %s min, %s requests per replica per minute, CPU %s per replica per minute, heap in use %s per replica",
