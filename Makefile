@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-sim simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy generate-kustomize image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench verify run fuzz clean
+.PHONY: all build deps test test-unit test-sim simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy generate-kustomize image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench docs-figures verify run fuzz clean
 
 all: build
 
@@ -289,6 +289,23 @@ test-alloc-server:
 ## bench: benchmarks side by side with upstream and a static tls.Config; writes BENCHMARKS.md.
 bench:
 	hack/bench.sh
+
+## docs-figures: re-measure the figures docs/measured.md quotes and rewrite
+## its marked blocks ("<!-- figures:NAME begin -->"): hack/bench.sh (the
+## runs of make bench, which also rewrites BENCHMARKS.md) and the soak of
+## make soak without its scenario tests (soak-run, no -race), then
+## hack/figures records their outputs in docs/figures/ and renders the
+## blocks from them; go test ./docs/ checks the blocks against that record.
+## Not part of make test. FIGURES_COUNT (default COUNT, 6) is the
+## benchmark runs per family; FIGURES_COUNT=1 is the quick run: one run per
+## family and a short soak (one cycle, one simulated year, 10 replicas in
+## the scale scenario).
+FIGURES_COUNT ?= $(COUNT)
+FIGURES_SOAK_ARGS ?= $(if $(filter 1,$(FIGURES_COUNT)),-soak.duration=15s -soak.years=1 -soak.cycles=1 -soak.all -soak.scale-replicas=10,-soak.duration=60s -soak.years=10 -soak.all)
+docs-figures:
+	COUNT=$(FIGURES_COUNT) BENCHTIME=$(BENCHTIME) hack/bench.sh
+	@$(MAKE) --no-print-directory soak-run SOAK_FLAGS="" SOAK_ARGS="$(FIGURES_SOAK_ARGS)"
+	$(GO) run ./hack/figures -bench $(CURDIR)/tmp/bench -soak-log $(CURDIR)/tmp/soak.log -soak-command 'make soak-run SOAK_ARGS="$(FIGURES_SOAK_ARGS)"'
 
 ## fuzz: run each fuzz target for FUZZTIME (default 5m).
 fuzz:

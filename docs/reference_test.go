@@ -81,7 +81,7 @@ func TestReferenceTables(t *testing.T) {
 			continue
 		}
 		if !*update {
-			t.Errorf("docs/%s: the generated %s table differs from the code; run\n\t%s\n%s", file, name, updateCommand, firstDifference(current, blocks[name]))
+			t.Errorf("docs/%s: the generated %s table differs from the code; run\n\t%s\n%s", file, name, updateCommand, firstDifference(current, blocks[name], "code"))
 			continue
 		}
 		doc = before + begin + blocks[name] + end + after
@@ -94,9 +94,10 @@ func TestReferenceTables(t *testing.T) {
 	}
 }
 
-// firstDifference shows the first line where the document (have) and the
-// code (want) part, so a failure says what drifted without a diff tool.
-func firstDifference(have, want string) string {
+// firstDifference shows the first line where the document (have) and
+// what it is generated from (want: the code, the record) part, so a
+// failure says what drifted without a diff tool.
+func firstDifference(have, want, from string) string {
 	h, w := strings.Split(have, "\n"), strings.Split(want, "\n")
 	for i := range max(len(h), len(w)) {
 		var hl, wl string
@@ -107,7 +108,7 @@ func firstDifference(have, want string) string {
 			wl = w[i]
 		}
 		if hl != wl {
-			return fmt.Sprintf("first difference, line %d of the block:\n\tdoc:  %s\n\tcode: %s", i+1, hl, wl)
+			return fmt.Sprintf("first difference, line %d of the block:\n\tdoc:    %s\n\t%-7s %s", i+1, hl, from+":", wl)
 		}
 	}
 	return ""

@@ -59,7 +59,21 @@ done
 
 "$BIN/benchstat" tmp/bench/raw.txt > "$OUT/all.txt"
 
+# The run's settings, for BENCHMARKS.md below and for make docs-figures,
+# which records them with all.txt (hack/figures, docs/figures/bench-run.txt).
+# gomaxprocs is the suffix go test gives every benchmark name.
 cpu=$(grep -m1 '^cpu:' "$OUT/raw.txt" | cut -d' ' -f2- || true)
+cat > "$OUT/run.txt" <<EOF
+date: $(date -u +%Y-%m-%d)
+count: $COUNT
+benchtime: $BENCHTIME
+rotations: $ROTATIONS
+handshakes: $HANDSHAKES
+resumptions: $RESUMPTIONS
+gomaxprocs: ${GOMAXPROCS:-$(nproc)}
+cpu: ${cpu:-unknown}
+go: $(go version | cut -d' ' -f3-)
+EOF
 {
   echo "# Benchmarks"
   echo

@@ -450,5 +450,9 @@ func announcementMessage(l *coordinationv1.Lease) []byte {
 		authority.LeafAnnotation, authority.ClocksAheadAnnotation} {
 		field(l.Annotations[k])
 	}
+	// The covered targets only when set, as the Authority encodes them.
+	if c := l.Annotations[authority.CoveredTargetsAnnotation]; c != "" {
+		field(c)
+	}
 	return b
 }
