@@ -466,15 +466,26 @@ func mayHaveCommitted(err error) bool {
 // no answer once a read shows that it committed: the record it sent is the
 // Secret's last one, to the second and the reason, and this step did not
 // decide one itself (a write that did not commit is decided again, and
-// counted then). Whatever the read shows, it is looked at once.
-func (s *secretStore) countUnanswered(res *stepResult) {
+// counted then). It reports whether it counted it: the record is kept
+// until this step's result is (answered), since a step that returns an
+// error drops its result, and a conflict on this step's own write lost the
+// count for good (a review found it).
+func (s *secretStore) countUnanswered(res *stepResult) bool {
 	u := s.unanswered
-	s.unanswered.record, s.unanswered.why = "", ""
-	if u.record == "" || res.unsafe || res.state == nil || res.state.unsafe.last != u.record {
-		return
+	if u.record == "" {
+		return false
+	}
+	if res.unsafe || res.state == nil || res.state.unsafe.last != u.record {
+		s.answered()
+		return false
 	}
 	res.unsafe, res.unsafeWhy = true, u.why+" (counted once the Secret was read back: the write that made it sign got no answer)"
+	return true
 }
+
+// answered forgets the unsafe rotation of a write that got no answer: it
+// was counted, or a read showed the write did not commit.
+func (s *secretStore) answered() { s.unanswered.record, s.unanswered.why = "", "" }
 
 func (s *secretStore) run(ctx context.Context, _ func()) {
 	// The watch kicks the issuer (src.Process) and is the cache update
@@ -569,7 +580,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		return res, res.skew
 	}
 	certmetrics.ClockSkew(s.cfg.Name, false)
-	s.countUnanswered(&res)
+	counted := s.countUnanswered(&res)
 	st = res.state
 	if res.write || namesAdded {
 		asRead := secret
@@ -613,6 +624,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 				"Could not renew this replica's caBundle target declaration in the CA secret; retried at the next check", "provider", s.cfg.Name)
 			last := st.clone()
 			s.last = &last
+			if counted {
+				s.answered()
+			}
 			return res, nil
 		}
 		if err == nil && res.declarationOnly {
@@ -626,7 +640,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 			return stepResult{}, ctx.Err()
 		}
 		if err != nil {
-			if res.unsafe && mayHaveCommitted(err) {
+			if res.unsafe && mayHaveCommitted(err) && !counted {
 				s.unanswered.record, s.unanswered.why = st.unsafe.last, res.unsafeWhy
 			}
 			verbs := "update on this Secret"
@@ -645,6 +659,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	last := st.clone()
 	s.last = &last
+	if counted {
+		s.answered()
+	}
 	return res, nil
 }
 
