@@ -390,6 +390,11 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		i.recordUnsafe(st, res.unsafeWhy)
 	}
 	if err := i.adopt(st, now, true); err != nil {
+		// What the step decided is in force (written, and adopted but for
+		// the leaf): its Events and metrics are reported now, since the
+		// next step's notes start afresh (an emergency's "signing" Event
+		// was lost while the CA key store could not sign its first leaf).
+		i.emerg.flush(st, i.currentLeafCA(), i.replicas)
 		return 0, i.report.failed(fmt.Errorf("%s: %w", i.cfg.name, err))
 	}
 	if i.emerg.flush(st, i.currentLeafCA(), i.replicas) {
