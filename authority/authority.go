@@ -134,7 +134,7 @@ type Config struct {
 	ReplicaID string
 	// LeaseDuration is how long a replica's announcement counts as live
 	// after this replica last saw it renewed, plus a margin for clocks
-	// that drift or step (SkewTolerance, at most a third of it); replicas
+	// that drift or step (twice SkewTolerance, at most a third of it); replicas
 	// renew every third of it. Default 3*CheckInterval, at least 15s.
 	LeaseDuration time.Duration
 	// DisableReplicaAnnouncements turns the replica Leases off: a successor

@@ -12,19 +12,20 @@ import (
 
 // TestAPeerIsWaitedForPastItsLeaseByTheMargin: a successor waits past its
 // minimum delay for one live replica that has not confirmed it. That
-// replica's renewals stop: it cannot reach the API server, and its clock
-// was stepped back 10 s (an NTP step, within the 15 s skew tolerance), so
-// on its own clock its Lease holds 10 s past what this process measures.
-// It serves on meanwhile, and its consumers lack the successor. This
-// process must wait for it for the Lease duration and the margin
-// (leaseMargin: the tolerance, at most a renewal interval) after the last
-// renewal it saw, and promote after that: it used to promote as soon as
-// the duration had passed on its own clock (simulator seeds 5033 and
-// 200906).
+// replica's renewals stop: it cannot reach the API server. Its clock was
+// 10 s ahead of this one when it renewed and is 10 s behind now (NTP
+// steps, each within the 10 s skew tolerance of this clock), so on its own
+// clock its Lease holds 20 s past what this process measures. It serves
+// on meanwhile, and its consumers lack the successor. This process must
+// wait for it for the Lease duration and the margin (leaseMargin: twice
+// the tolerance, at most a renewal interval) after the last renewal it
+// saw, and promote after that: it used to promote as soon as the duration
+// had passed on its own clock (simulator seeds 5033 and 200906, and a
+// review's 200900).
 func TestAPeerIsWaitedForPastItsLeaseByTheMargin(t *testing.T) {
 	const (
-		lease = time.Minute
-		skew  = 15 * time.Second
+		lease = 90 * time.Second
+		skew  = 10 * time.Second
 		step  = 5 * time.Second
 	)
 	client := fake.NewClientset()
@@ -64,12 +65,12 @@ func TestAPeerIsWaitedForPastItsLeaseByTheMargin(t *testing.T) {
 	stuck.renew(a)
 	last := clk.Now()
 	waitedUntil := last.Add(lease + leaseMargin(lease, skew))
-	require.Equal(t, last.Add(lease+skew), waitedUntil, "the margin is the tolerance here (a renewal interval is longer)")
+	require.Equal(t, last.Add(lease+2*skew), waitedUntil, "the margin is twice the tolerance here (a renewal interval is longer)")
 	for clk.Now().Add(step).Before(waitedUntil) {
 		tick()
 		st := a.Status()
 		require.NotNil(t, st.Successor, "promoted %v after the stuck replica's last renewal was seen, while its Lease holds on its own clock (%v and the margin %v)",
-			clk.Now().Sub(last), lease, skew)
+			clk.Now().Sub(last), lease, 2*skew)
 		require.Equal(t, []string{"replica/stuck"}, st.Successor.Pending, "at %v after the last renewal", clk.Now().Sub(last))
 	}
 	// Past the margin it is not waited for: the successor signs.

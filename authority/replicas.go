@@ -456,20 +456,22 @@ func (r *replicaSet) waitedForLocked(l *seenLease, now time.Time, unseen time.Du
 }
 
 // leaseMargin is how long past its duration a Lease is still waited for:
-// the skew tolerance, at most a renewal interval (a third of duration).
-// The Lease holds on its holder's clock, and this process measures the
-// duration on its own: a clock that runs fast, or one of the two that
-// steps, makes the measure short by as much as the clocks' offset moved
-// meanwhile, which the tolerance bounds. Without the margin a replica
-// counted a peer gone while the peer's Lease still held on the peer's
-// clock, and promoted an emergency's successor under it (simulator seeds
-// 5033, a clock gaining 0.3 s a minute, and 200906, a clock stepped back
-// 13 s; S2). The cap keeps a gone replica from holding a rotation for
-// the whole tolerance (an hour by default): the offsets of clocks that
-// move further than a renewal interval within one lease duration are
-// beyond what a Lease can tell.
+// twice the skew tolerance, at most a renewal interval (a third of
+// duration). The Lease holds on its holder's clock, and this process
+// measures the duration on its own: a clock that runs fast, or either
+// clock stepping, makes the measure short by as much as the two clocks'
+// offset moved meanwhile. Two clocks within the tolerance of each other
+// can move from one side of it to the other: twice the tolerance. Without
+// the margin a replica counted a peer gone while the peer's Lease still
+// held on the peer's clock, and promoted an emergency's successor under it
+// (simulator seeds 5033, a clock gaining 0.3 s a minute, and 200906, a
+// clock stepped back 13 s; with the tolerance once, a review's 200900:
+// clocks 44 s apart; S2). The cap keeps a gone replica from holding a
+// rotation for twice the whole tolerance (an hour by default): clocks
+// that move further than a renewal interval apart within one lease
+// duration are beyond what a Lease can tell.
 func leaseMargin(duration, skew time.Duration) time.Duration {
-	return min(skew, duration/3)
+	return min(2*skew, duration/3)
 }
 
 // unseenLocked is how long this process has not been watching as of now,
@@ -536,7 +538,7 @@ func (r *replicaSet) collect(ctx context.Context) {
 	unseen := r.unseenLocked(now)
 	for name, l := range r.seen {
 		switch {
-		case l.deleted && !now.Before(l.observedAt.Add(l.duration+unseen)):
+		case l.deleted && !r.waitedForLocked(l, now, unseen):
 			delete(r.seen, name) // gone, and no longer waited for
 			r.forgetAnnouncementLocked(name)
 		case !l.deleted && !r.collectForbidden && name != r.leaseName && !now.Before(l.observedAt.Add(leaseGCAfter*l.duration+unseen)):
@@ -1020,9 +1022,14 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 		// renewal intervals and the tolerance, for a clock far ahead,
 		// which sees its live peers renew by then. A large tolerance
 		// leaves little to gain: then the whole duration counts.
+		// The tolerance in left already allows for the clocks' offset (one
+		// reading of the holder's clock, not a duration measured on ours),
+		// so the margin waitedForLocked adds is taken back here: a renewal
+		// first seen waits at most what one watched being made does.
+		margin := leaseMargin(duration, r.skew)
 		left := l.Spec.RenewTime.Add(r.skew + duration).Sub(seenAt)
-		left = min(duration, max(left, 2*duration/3+r.skew))
-		observedAt = seenAt.Add(left - duration)
+		left = min(duration+margin, max(left, 2*duration/3+r.skew))
+		observedAt = seenAt.Add(left - duration - margin)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation], covered: covered}

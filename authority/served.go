@@ -18,7 +18,7 @@ import (
 // for cabundle to check the published bundles against. With
 // DisableReplicaAnnouncements it is this replica's own leaf. A replica is
 // live as long as it counts for a rotation: until its lease duration and a
-// margin (the skew tolerance, at most a third of the duration) have
+// margin (twice the skew tolerance, at most a third of the duration) have
 // passed, on this process's clock, since its last renewal was seen.
 func (a *Authority) ServedChains() []dynamiccert.ServedChain {
 	if a.replicas == nil {

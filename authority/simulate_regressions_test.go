@@ -67,6 +67,10 @@ var simRegressions = []struct {
 		"seed 5033: 10 replicas, publishers [r0 r3 r4 r6], 1h0m0s CAs, 6 faults, ClusterTrustBundle [r3 r4 r5 r6 r9]\n5m15s compromise\n7m6s rotate\n15m17s drift r8 294ms\n20m17s api r8 for 12m36s leases:*:403\n29m42s slow r3 for 6m43s *:*:timeout\n35m36s compromise"},
 	{"S2: a replica whose clock stepped back (within the tolerance) while its calls timed out was counted gone while its Lease held, and an emergency's successor signed under it (replicaSet.waitedForLocked)",
 		"seed 200906: 6 replicas, publishers [r0 r3 r5], 40m0s CAs, 3 faults\n35m50s slow r4 for 12m49s *:*:timeout\n35m55s clock r4 -13s\n37m6s compromise"},
+	{"S2: clocks within the tolerance of each other moved 44 s apart over one lease, more than a margin of one tolerance (review of stop 39; leaseMargin: twice the tolerance)",
+		"seed 200900: 6 replicas, publishers [r0 r3 r5], 40m0s CAs\n35m30s clock r4 14s\n35m50s slow r4 for 12m49s *:*:timeout\n35m55s clock r4 -15s\n35m56s clock r4 -15s\n36m31s clock r5 15s\n37m6s compromise"},
+	{"L1: the margin added on top of the first-sight floor let a killed replica's Lease hold a routine rotation through rollouts every 5 minutes (review of stop 39; observeLocked: the margin is folded into the first-sight wait)",
+		"seed 18726: 5 replicas, publishers [r0 r3], 1h20m0s CAs, 3 faults, CA keys in a key store\n25m10s rotate\n34m5s kill r4 for 5m58s new-id\n1h10m31s rollout for 5m0s x8"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }

@@ -4,6 +4,8 @@
 // marked blocks of the document from them. make docs-figures re-measures
 // and records new outputs (hack/figures); go test ./docs/ re-renders the
 // recorded ones and fails when a block differs. Nothing here measures.
+//
+// See docs/architecture.md for how the packages fit together.
 package docfigures
 
 import (
