@@ -81,9 +81,9 @@ type secretReads struct {
 	// absentRV: a create refused with AlreadyExists): a cache that still
 	// holds it is older than the API server's.
 	staleRV string
-	// awaiting: this replica wrote resourceVersion awaitRV and the watch
-	// has not shown it yet ("" for a client that does not set them: then
-	// any event ends the wait).
+	// awaiting: this replica wrote resourceVersion awaitRV, or a GET read
+	// it, and the watch has not shown it yet ("" for a client that does
+	// not set them: then any event ends the wait).
 	awaiting bool
 	awaitRV  string
 	// confirmed is when a GET last found what the cache holds.
@@ -186,9 +186,19 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 	switch {
 	case err == nil:
 		r.mustGet, r.staleRV, r.fresh = false, "", now
-		if cached != nil && secret.ResourceVersion != "" && secret.ResourceVersion == cached.ResourceVersion {
+		switch {
+		case secret.ResourceVersion == "":
+		case cached != nil && secret.ResourceVersion == cached.ResourceVersion:
 			// The cache holds what the API server has.
 			r.awaiting, r.confirmed = false, now
+		default:
+			// The API server is ahead of the cache: the cache is used
+			// again once it shows this version (or a GET finds it
+			// current). Deciding on the older version next would undo
+			// what this check saw: a replica that had seen a peer's
+			// successor took the lagging cache for a rollback and wrote
+			// its CAs back (TestAdoptCertControllerSecret, 1 run in 200).
+			r.awaiting, r.awaitRV = true, secret.ResourceVersion
 		}
 	case apierrors.IsNotFound(err):
 		r.mustGet, r.staleRV, r.fresh = false, "", now

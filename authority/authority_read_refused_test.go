@@ -41,3 +41,41 @@ func TestRefusedWriteIgnoresAnOlderDelivery(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "10", got.ResourceVersion, "the read came from a cache older than the refused version")
 }
+
+// TestAGetAheadOfTheCacheIsNotUndoneByIt: a refused write sends the next
+// read to the API server, which has version 10 while the watch's cache
+// still holds 8. The read after that must not decide on 8 again: a replica
+// that had seen a peer's successor at 10 took 8 for a rollback and wrote
+// its CAs back (TestAdoptCertControllerSecret failed so, 1 run in 200).
+// Once the watch shows 10, the cache is used again.
+func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
+	secret := func(rv string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
+	}
+	client := fake.NewClientset(secret("10"))
+	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
+	require.NoError(t, err)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	require.NoError(t, store.Add(secret("8")))
+	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
+	src.MarkDelivered()
+	r := newSecretReads(src, secretReadsMaxAge(0))
+
+	r.failed("8") // a write based on the cache's version 8 was refused
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion, "the read after a refused write is a GET")
+
+	got, err = r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion, "the read after the GET came from a cache older than what the GET saw")
+
+	client.ClearActions()
+	require.NoError(t, store.Update(secret("10")))
+	r.observed(secret("10"))
+	src.MarkDelivered() // the watch catches up
+	got, err = r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion)
+	require.Empty(t, client.Actions(), "once the watch shows what the GET saw, reads use the cache again")
+}
