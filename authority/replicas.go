@@ -474,6 +474,17 @@ func leaseMargin(duration, skew time.Duration) time.Duration {
 	return min(2*skew, duration/3)
 }
 
+// LeaseWaitedFor is the longest a replica counts a peer live after seeing
+// its Lease renewed, whatever its SkewTolerance: the Lease's duration and
+// the largest margin for clocks that drift or step (a third of the
+// duration; smaller only with a tolerance under a sixth of it). Tools that
+// judge liveness from a Lease's renewTime, as the evercert CLI does, count
+// a replica live this long so they never call it gone while the
+// Authority still waits for it.
+func LeaseWaitedFor(duration time.Duration) time.Duration {
+	return duration + leaseMargin(duration, duration)
+}
+
 // unseenLocked is how long this process has not been watching as of now,
 // because it was paused (or its clock jumped) and the run loop has not
 // noticed yet: renewals that happened meanwhile have not been seen. r.mu

@@ -21,11 +21,15 @@ import (
 type replica struct {
 	Lease string `json:"lease"`
 	ID    string `json:"id"`
-	// Live is judged on this tool's clock: the Lease's renewTime plus its
-	// duration is after now. A clock skewed against the replica's misjudges
-	// it (the Authority itself judges by when it saw the renewal).
-	Live       bool       `json:"live"`
-	RenewTime  *time.Time `json:"renewTime,omitempty"`
+	// Live is judged on this tool's clock: ExpiresAt is after now. A clock
+	// skewed against the replica's misjudges it (the Authority itself
+	// judges by when it saw the renewal).
+	Live      bool       `json:"live"`
+	RenewTime *time.Time `json:"renewTime,omitempty"`
+	// ExpiresAt is the Lease's renewTime plus as long as an Authority
+	// waits for it (authority.LeaseWaitedFor: its duration and the margin
+	// for clocks), so that status and rotate --wait never call a replica
+	// gone while its peers still wait for it.
 	ExpiresAt  *time.Time `json:"expiresAt,omitempty"`
 	TrustedCAs []string   `json:"trustedCAs"`
 	// DelayedCAs are the successors its observers confirmed whose
@@ -78,7 +82,7 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 		}
 		if l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil {
 			renew := l.Spec.RenewTime.UTC()
-			expires := renew.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+			expires := renew.Add(authority.LeaseWaitedFor(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
 			r.RenewTime, r.ExpiresAt, r.Live = &renew, &expires, now.Before(expires)
 		}
 		if v := l.Annotations[authority.TrustedCAsAnnotation]; v != "" {
