@@ -71,6 +71,8 @@ var simRegressions = []struct {
 		"seed 200900: 6 replicas, publishers [r0 r3 r5], 40m0s CAs\n35m30s clock r4 14s\n35m50s slow r4 for 12m49s *:*:timeout\n35m55s clock r4 -15s\n35m56s clock r4 -15s\n36m31s clock r5 15s\n37m6s compromise"},
 	{"L1: the margin added on top of the first-sight floor let a killed replica's Lease hold a routine rotation through rollouts every 5 minutes (review of stop 39; observeLocked: the margin is folded into the first-sight wait)",
 		"seed 18726: 5 replicas, publishers [r0 r3], 1h20m0s CAs, 3 faults, CA keys in a key store\n25m10s rotate\n34m5s kill r4 for 5m58s new-id\n1h10m31s rollout for 5m0s x8"},
+	{"L1: a replica whose Secret watch was silent put a dropped compromised CA back into the caBundle at every check, and the others took it out again (simulator: publishers keep cabundle's replicaGrace)",
+		"seed 24771: 5 replicas, publishers [r0 r1 r2 r3 r4], 40m0s CAs, 9 faults\n4m39s keys r4 for 23m17s hang\n14m13s rotate\n30m32s kill r0 for 6m5s new-id\n30m39s silent r0 for 15m57s\n32m0s silent r3 for 29m36s\n34m57s silent r0 for 5m56s\n37m32s compromise\n38m8s rollout for 7m54s x9\n51m1s silent r1 for 27m0s"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }

@@ -572,6 +572,8 @@ type simAPIFault struct {
 type simBundle struct {
 	at  time.Time
 	fps map[string]bool
+	// by is the slot whose publisher wrote it (-1 for files).
+	by int
 }
 
 // simSlot is a pod: its processes come and go.
@@ -933,10 +935,10 @@ func (w *simWorld) afterCheck(p *simProc) {
 	}
 	w.writeFile(p.slot, a.CurrentCABundleContent())
 	if p.slot.publisher && !w.now.Before(p.slot.pubDownUntil) && !w.apiDown(p.slot.idx) {
-		w.publish(&w.target, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.publisher })
+		w.publish(&w.target, p, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.publisher })
 	}
 	if p.slot.ctb && !w.now.Before(p.slot.pubDownUntil) && !w.apiDown(p.slot.idx) {
-		w.publish(&w.ctb, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.ctb })
+		w.publish(&w.ctb, p, a.CurrentCABundleContent(), func(s *simSlot) bool { return s.ctb })
 	}
 }
 
@@ -1382,9 +1384,13 @@ func sameSet(a, b map[string]bool) bool {
 	return true
 }
 
-// publish writes bundle to the target whose history is hist; publishes
-// says which slots publish to it.
-func (w *simWorld) publish(hist *[]simBundle, bundle []byte, publishes func(*simSlot) bool) {
+// simReplicaGrace is cabundle's replicaGrace: how long a publisher leaves
+// a later step of the rotation that another replica wrote.
+const simReplicaGrace = 10 * time.Second
+
+// publish writes bundle, p's, to the target whose history is hist;
+// publishes says which slots publish to it.
+func (w *simWorld) publish(hist *[]simBundle, p *simProc, bundle []byte, publishes func(*simSlot) bool) {
 	if len(bundle) == 0 {
 		return
 	}
@@ -1402,8 +1408,23 @@ func (w *simWorld) publish(hist *[]simBundle, bundle []byte, publishes func(*sim
 				return
 			}
 		}
+		// Nor does it put back, within cabundle's replicaGrace, a CA that
+		// another replica's publisher took out (a step ahead in the
+		// rotation: a compromised CA dropped): it waits for its source to
+		// catch up, and writes after the grace (contested tracking then
+		// backs off at the replicas ahead). Without the grace, a replica
+		// whose watch was silent put the dropped CA back at every check
+		// and the others took it out again, 10 ms apart (seed 24771, L1).
+		if last := (*hist)[n-1]; n > 1 && last.by != p.slot.idx && w.now.Before(last.at.Add(simReplicaGrace)) {
+			for fp := range fps {
+				if !last.fps[fp] && (*hist)[n-2].fps[fp] {
+					w.queueCheck(p, last.at.Add(simReplicaGrace))
+					return
+				}
+			}
+		}
 	}
-	*hist = append(*hist, simBundle{at: w.now, fps: fps})
+	*hist = append(*hist, simBundle{at: w.now, fps: fps, by: p.slot.idx})
 	// The publishers' observers notify their Authority.
 	for _, s := range w.slots {
 		if s.proc != nil && publishes(s) {
@@ -1421,7 +1442,7 @@ func (w *simWorld) writeFile(s *simSlot, bundle []byte) {
 	if n := len(s.file); n > 0 && sameSet(s.file[n-1].fps, fps) {
 		return
 	}
-	s.file = append(s.file, simBundle{at: w.now, fps: fps})
+	s.file = append(s.file, simBundle{at: w.now, fps: fps, by: -1})
 }
 
 // trustAt is what a client that follows h with lag holds at now: the
