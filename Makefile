@@ -55,7 +55,8 @@ test-sim:
 ## SIM_FIRST with every fault kind, hand edits included, and every mutation,
 ## the slow ones included. It stops at the first violation, printing its seed
 ## and shrunk schedule; replay one with
-## go test -run '^TestSimulate$$' ./authority/ -args -sim.seed=N -sim.hand-edits.
+## go test -run '^TestSimulate$$' ./authority/ -args -sim.seed=N -sim.hand-edits,
+## or a shrunk schedule with -sim.plan='<schedule, lines joined with \n>'.
 SEEDS ?= 100000
 SIM_FIRST ?= 1
 simulate:

@@ -59,6 +59,7 @@ var (
 	simMutSeeds    = flag.Int("sim.mutation-seeds", 3000, "most seeds TestSimulateFindsMutations tries per mutation")
 	simLongMut     = flag.Bool("sim.long-mutations", false, "TestSimulateFindsMutations also restores the rules that take many seeds to catch (make simulate)")
 	simHandEdits   = flag.Bool("sim.hand-edits", false, "TestSimulate draws hand edits of the Secret (paste, garble, delete) among its faults")
+	simPlanOnly    = flag.String("sim.plan", "", "run only this schedule, as a failure prints it (a shrunk one: its lines joined with \\n or real newlines), logging its events")
 )
 
 // The simulated schedule: a 10-minute leaf and the defaults derived from it
@@ -2229,8 +2230,14 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 // and the shrunk schedule.
 func TestSimulate(t *testing.T) {
 	simQuietLogs(t)
-	if *simSeedOnly != 0 {
+	if *simSeedOnly != 0 || *simPlanOnly != "" {
 		plan := simDraw(*simSeedOnly, simKinds())
+		if *simPlanOnly != "" {
+			var err error
+			if plan, err = parseSimPlan(strings.ReplaceAll(*simPlanOnly, `\n`, "\n")); err != nil {
+				t.Fatalf("-sim.plan: %v", err)
+			}
+		}
 		t.Log(plan)
 		v, st := simRun(plan, "", t.Logf)
 		t.Logf("%d events, %d checks, %d Lease writes", st.events, st.checks, st.leaseWrites)
