@@ -203,7 +203,10 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 	case apierrors.IsNotFound(err):
 		r.mustGet, r.staleRV, r.fresh = false, "", now
 		if synced && !inCache {
-			r.confirmed = now
+			// The cache holds what the API server has: no Secret. A
+			// version awaited (written, or read by a GET) was deleted
+			// since, and will never show.
+			r.confirmed, r.awaiting = now, false
 		}
 	default:
 		// A GET that fails changes nothing the cache depends on: the reason

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
@@ -78,4 +79,39 @@ func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "10", got.ResourceVersion)
 	require.Empty(t, client.Actions(), "once the watch shows what the GET saw, reads use the cache again")
+}
+
+// TestADeletedSecretEndsTheWaitForAVersion: a GET read version 10 while
+// the cache held 8, so reads wait for the cache to show 10. The Secret is
+// then deleted, and the watch shows the deletion: 10 will never show, and
+// a GET that finds no Secret agrees with the cache. Reads use the cache
+// again rather than GET at every check until the Secret is recreated.
+func TestADeletedSecretEndsTheWaitForAVersion(t *testing.T) {
+	secret := func(rv string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
+	}
+	client := fake.NewClientset(secret("10"))
+	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
+	require.NoError(t, err)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	require.NoError(t, store.Add(secret("8")))
+	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
+	src.MarkDelivered()
+	r := newSecretReads(src, secretReadsMaxAge(0))
+	r.failed("8")
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion)
+
+	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
+	require.NoError(t, store.Delete(secret("8")))
+	r.observed(nil)
+	src.MarkDelivered()
+	_, err = r.read(context.Background(), "ns", "ca")
+	require.True(t, apierrors.IsNotFound(err), "%v", err)
+
+	client.ClearActions()
+	_, err = r.read(context.Background(), "ns", "ca")
+	require.True(t, apierrors.IsNotFound(err), "%v", err)
+	require.Empty(t, client.Actions(), "a GET found no Secret, as the cache holds: reads use the cache again")
 }
