@@ -115,3 +115,45 @@ func TestADeletedSecretEndsTheWaitForAVersion(t *testing.T) {
 	require.True(t, apierrors.IsNotFound(err), "%v", err)
 	require.Empty(t, client.Actions(), "a GET found no Secret, as the cache holds: reads use the cache again")
 }
+
+// TestAGetThatFindsNoSecretIsNotUndoneByTheCache: the watch's cache still
+// holds version 8 when a GET (after a failed write) finds that the Secret
+// was deleted. The API server is ahead of the cache, as when a GET reads a
+// newer version (TestAGetAheadOfTheCacheIsNotUndoneByIt): the read after
+// it must not decide on version 8, a Secret that no longer exists, until
+// the watch shows the deletion.
+func TestAGetThatFindsNoSecretIsNotUndoneByTheCache(t *testing.T) {
+	secret := func(rv string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
+	}
+	client := fake.NewClientset() // deleted on the API server
+	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
+	require.NoError(t, err)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	require.NoError(t, store.Add(secret("8")))
+	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
+	src.MarkDelivered()
+	r := newSecretReads(src, secretReadsMaxAge(0))
+
+	r.failed("8") // a write based on the cache's version 8 was refused
+	_, err = r.read(context.Background(), "ns", "ca")
+	require.True(t, apierrors.IsNotFound(err), "the read after a refused write is a GET: %v", err)
+
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.True(t, apierrors.IsNotFound(err), "the read after the GET came from a cache older than what the GET saw: version %v", rvOf(got))
+
+	client.ClearActions()
+	require.NoError(t, store.Delete(secret("8")))
+	r.observed(nil)
+	src.MarkDelivered() // the watch catches up
+	_, err = r.read(context.Background(), "ns", "ca")
+	require.True(t, apierrors.IsNotFound(err), "%v", err)
+	require.Empty(t, client.Actions(), "once the watch shows the deletion, reads use the cache again")
+}
+
+func rvOf(s *corev1.Secret) string {
+	if s == nil {
+		return "(none)"
+	}
+	return s.ResourceVersion
+}
