@@ -83,7 +83,9 @@ type secretReads struct {
 	staleRV string
 	// awaiting: this replica wrote resourceVersion awaitRV, or a GET read
 	// it, and the watch has not shown it yet ("" for a client that does
-	// not set them: then any event ends the wait).
+	// not set them: then any event ends the wait; absentRV: a GET found
+	// no Secret while the cache held one, and the watch has not shown the
+	// deletion yet).
 	awaiting bool
 	awaitRV  string
 	// confirmed is when a GET last found what the cache holds.
@@ -137,7 +139,7 @@ func (e *unconfirmedReadError) Unwrap() error { return e.err }
 func (r *secretReads) observed(secret *corev1.Secret) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.awaiting && (r.awaitRV == "" || secret != nil && secret.ResourceVersion == r.awaitRV) {
+	if r.awaiting && (r.awaitRV == "" || secret != nil && secret.ResourceVersion == r.awaitRV || secret == nil && r.awaitRV == absentRV) {
 		r.awaiting = false
 	}
 }
@@ -202,11 +204,17 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		}
 	case apierrors.IsNotFound(err):
 		r.mustGet, r.staleRV, r.fresh = false, "", now
-		if synced && !inCache {
+		switch {
+		case synced && !inCache:
 			// The cache holds what the API server has: no Secret. A
 			// version awaited (written, or read by a GET) was deleted
 			// since, and will never show.
 			r.confirmed, r.awaiting = now, false
+		case synced:
+			// The API server is ahead of the cache: the Secret it holds
+			// was deleted. Deciding on it next would undo what this
+			// check saw, as for a GET that reads a newer version.
+			r.awaiting, r.awaitRV = true, absentRV
 		}
 	default:
 		// A GET that fails changes nothing the cache depends on: the reason
@@ -260,7 +268,7 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 	current := now.Sub(latest(r.confirmed, r.src.DeliveredAt())) < r.maxAge
 	use := current && !r.mustGet && !r.src.WatchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
 	if use && r.awaiting {
-		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV {
+		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV || !inCache && r.awaitRV == absentRV {
 			r.awaiting = false
 		} else {
 			use = false
