@@ -474,13 +474,17 @@ func leaseMargin(duration, skew time.Duration) time.Duration {
 	return min(2*skew, duration/3)
 }
 
-// LeaseWaitedFor is the longest a replica counts a peer live after seeing
-// its Lease renewed, whatever its SkewTolerance: the Lease's duration and
-// the largest margin for clocks that drift or step (a third of the
-// duration; smaller only with a tolerance under a sixth of it). Tools that
-// judge liveness from a Lease's renewTime, as the evercert CLI does, count
-// a replica live this long so they never call it gone while the
-// Authority still waits for it.
+// LeaseWaitedFor is the longest a replica counts a peer live after it saw
+// the peer renew its Lease, whatever its SkewTolerance: the Lease's
+// duration and the largest margin for clocks that drift or step (a third
+// of the duration; smaller only with a tolerance under a sixth of it).
+// Tools that judge liveness from a Lease's renewTime, as the evercert CLI
+// does, count a replica live this long after renewTime: as long as a
+// replica that saw the renewal when it was made waits. A replica that saw
+// it later (its watch lagged, or it started since and saw the Lease for
+// the first time) waits from then, so it can still wait for a replica
+// such a tool reports gone: the tool cannot know when each replica saw
+// what.
 func LeaseWaitedFor(duration time.Duration) time.Duration {
 	return duration + leaseMargin(duration, duration)
 }

@@ -26,10 +26,12 @@ type replica struct {
 	// judges by when it saw the renewal).
 	Live      bool       `json:"live"`
 	RenewTime *time.Time `json:"renewTime,omitempty"`
-	// ExpiresAt is the Lease's renewTime plus as long as an Authority
-	// waits for it (authority.LeaseWaitedFor: its duration and the margin
-	// for clocks), so that status and rotate --wait never call a replica
-	// gone while its peers still wait for it.
+	// ExpiresAt is the Lease's renewTime plus as long as a replica that
+	// saw the renewal when it was made waits for it
+	// (authority.LeaseWaitedFor: its duration and the margin for clocks).
+	// A replica that saw it later (a lagging watch, a process started
+	// since) waits from then: it may still wait for a replica reported
+	// gone.
 	ExpiresAt  *time.Time `json:"expiresAt,omitempty"`
 	TrustedCAs []string   `json:"trustedCAs"`
 	// DelayedCAs are the successors its observers confirmed whose
