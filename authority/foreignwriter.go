@@ -1,0 +1,213 @@
+package authority
+
+import (
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/certmetrics"
+	"github.com/evercert/evercert/internal/certreport"
+)
+
+// foreignWriter is the part of the rotation machine (machine.step) that
+// tells the rotator an Authority adopted from (Config.Adopt) still writing
+// the Secret: a rolling update straight from the old tool's pods to
+// evercert's keeps the old pods rotating while the new ones start. A
+// foreign rewrite is a read of the Secret in the adopted layout whose
+// signing CA this process never had in force, after it adopted or wrote
+// the Secret (it has a last state). Adopting each one, as any adoption
+// does, fights the old rotator (OPA cert-controller regenerates its CA as
+// soon as the Secret lacks ca.key, that is, at once after each adoption)
+// and keeps every CA it made in ca.crt until it expires (ten years at
+// cert-controller's defaults): issue 27 saw 333 of them.
+//
+// While the rewrites go on (hold), the replica adopts nothing and writes
+// nothing: it keeps serving the state it had in force, with one CA added to
+// the bundle it publishes: the old rotator's CA now in the Secret, which
+// its pods serve leaves of (and which it injects into the caBundles
+// itself), so that a caBundle publisher of this replica's never takes that
+// trust away from them while they still serve. Only the current one is
+// added, never one per rewrite. It reports Stalled with
+// the reason (RotationStatus.ForeignWriter), fails the ca-rotation
+// readiness check, sends one Warning Event per episode and counts every
+// rewrite (evercert_ca_secret_foreign_rewrites_total).
+//
+// The rewrites have stopped once the Secret has held the same foreign CA
+// for a quiet period on this process's clock: one check interval for an
+// episode that starts long after the last one. A stopped writer is told
+// apart from a running one that is between two rewrites only by waiting; a
+// longer wait (the propagation delay, days) would keep every replica
+// NotReady long after the old pods are gone, and a shorter one (the API
+// latency) is the fight this prevents. A rotator that still runs after
+// that (it rotates only on its own schedule, or it answers the adoption
+// with a rewrite, as cert-controller does) starts a new episode, and each
+// such adoption costs its pods a CA swap (cert-controller injects its new
+// CA alone), so the quiet period backs off (internal/backoff: doubling,
+// jittered, up to ten check intervals) while episodes follow each other
+// within that cap; no CA piles up meanwhile (below).
+//
+// Then the replica adopts once (trim): ca.crt keeps the adopted CA (which
+// signs, and which the old rotator's last leaf chains to: its pods may
+// serve that leaf until they are gone), the CA of the leaf this replica
+// serves (the leaves the Authority's replicas served during the overlap
+// chain to it; each replica brings back its own), and a successor if the
+// Secret publishes one; not every CA this replica ever knew, which restore
+// writes back after a rollback. A replica that reads the adoption another
+// replica wrote keeps the same rule.
+type foreignWriter struct {
+	name, key string
+	layout    SecretLayout
+	report    *reporter
+	// quiet hands out the quiet period of each episode; see above.
+	quiet *backoff.Backoff
+
+	mu sync.Mutex
+	// seen is the fingerprint of the foreign CA last read, since when this
+	// process first read it.
+	seen  string
+	since time.Time
+	// active: an episode goes on (held, or adopting after it until a
+	// check settles).
+	active bool
+	// wait is the current episode's quiet period; adopted is when the
+	// last episode ended in an adoption.
+	wait    time.Duration
+	adopted time.Time
+	// why is the Stalled reason while held, "" otherwise.
+	why string
+}
+
+// foreignWriterHold is step's answer while another writer keeps rewriting
+// the Secret: nothing is decided or written, and the check is due again
+// after retryIn.
+type foreignWriterHold struct {
+	reason  string
+	retryIn time.Duration
+	// serve is the state to serve meanwhile: the last one in force, its
+	// bundle with the other writer's current CA.
+	serve *caSet
+}
+
+func (h *foreignWriterHold) Error() string { return h.reason }
+
+// knows reports whether c is a CA of st (signing, successor or bundle).
+func (st *caSet) knows(c *x509.Certificate) bool {
+	return st.signing != nil && st.signing.Cert.Equal(c) || st.next != nil && st.next.Cert.Equal(c) || containsCert(st.bundle, c)
+}
+
+// rewritten reports whether the Secret as read is a foreign rewrite: in
+// the adopted layout, with a signing CA this process never had, after it
+// had a state in force. Anything else is the Authority's own layout (its
+// own write, or a peer's adoption), this process's first adoption, or a
+// rollback to content it knew (restore's).
+func (w *foreignWriter) rewritten(in stepInput) bool {
+	st := in.read
+	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) {
+		return false
+	}
+	if w.layout == LayoutCertManager {
+		// cert-manager's layout is the Authority's: its DynamicAuthority's
+		// rewrite is a new CA written to tls.crt and to ca.crt alone
+		// (other keys stay), which an Authority never writes (its ca.crt
+		// keeps every CA still trusted).
+		return len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
+	}
+	return in.adopted
+}
+
+// decide says whether this read is held (a foreign rewrite less than quiet
+// ago), and else whether it ends an episode (trim: keep only the CAs a
+// served leaf needs).
+func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := in.read
+	if !w.rewritten(in) {
+		return nil, w.active
+	}
+	now := in.now
+	fp := Fingerprint(st.signing.Cert)
+	if fp != w.seen {
+		w.seen, w.since = fp, now
+		certmetrics.ForeignRewrite(w.name)
+		if !w.active {
+			if w.adopted.IsZero() || now.Sub(w.adopted) >= w.quiet.Cap() {
+				w.quiet.Reset() // not an answer to the last adoption
+			}
+			w.wait = w.quiet.Next(nil)
+		}
+		w.why = fmt.Sprintf("another writer keeps rewriting CA secret %s in the %s layout (CA %q, read at %s) after this Authority adopted it: the old rotator still runs; "+
+			"serving the last good content and adopting nothing until the Secret is left alone for %v",
+			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.wait.Round(time.Second))
+		if !w.active {
+			w.active = true
+			klog.Background().Info("Another writer keeps rewriting the CA secret; holding", "provider", w.name, "secret", w.key, "layout", string(w.layout), "caSerial", serial(st.signing.Cert))
+			w.report.Event(corev1.EventTypeWarning, dynamiccert.ReasonForeignCASecretWriter, certreport.ActionLoad,
+				fmt.Sprintf("CA secret %s: %s. Stop the old rotator (remove it from the old pods, or scale them down).", w.key, w.why))
+		} else {
+			klog.Background().V(2).Info("CA secret rewritten by another writer again", "provider", w.name, "secret", w.key, "caSerial", serial(st.signing.Cert))
+		}
+	}
+	if left := w.since.Add(w.wait).Sub(now); left > 0 {
+		serve := in.last.clone()
+		serve.bundle = slices.Clone(serve.bundle)
+		if !containsCert(serve.bundle, st.signing.Cert) {
+			serve.bundle = append(serve.bundle, st.signing.Cert)
+		}
+		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false
+	}
+	w.why = ""
+	return nil, true
+}
+
+// settled records a check that decided without holding: an episode is
+// over once its adoption (or a peer's) is in force.
+func (w *foreignWriter) settled(now time.Time) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	if w.active {
+		w.adopted = now
+		klog.Background().Info("The CA secret is left alone again; adopted once", "provider", w.name, "secret", w.key)
+	}
+	w.active, w.why, w.seen = false, "", ""
+	w.mu.Unlock()
+}
+
+// reason is the Stalled reason while another writer keeps rewriting the
+// Secret, "" otherwise.
+func (w *foreignWriter) reason() string {
+	if w == nil {
+		return ""
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.why
+}
+
+// neededAfter is what a trimmed adoption keeps of last besides the Secret
+// as read: the CA of the leaf this replica serves (the CA it signed with,
+// before its first leaf). Each replica keeps its own, so the leaves of all
+// of them keep verifying; a CA that no replica serves a leaf of any more
+// is not brought back.
+func neededAfter(last *caSet, serving *x509.Certificate) []*x509.Certificate {
+	keep := make([]*x509.Certificate, 0, 1)
+	switch {
+	case serving != nil:
+		keep = append(keep, serving)
+	case last.signing != nil:
+		keep = append(keep, last.signing.Cert)
+	}
+	return keep
+}
