@@ -368,11 +368,12 @@ func (a *Authority) Status() RotationStatus {
 	if s.Broken != "" && s.ClockSkew == "" {
 		s.Phase = PhaseBroken
 	}
-	// Unlike Broken, a writer that keeps rewriting the Secret fails
-	// readiness: it is an old rotator's pods that a rollout is replacing
-	// (or forgot), and the replicas serve the last good content while it
-	// lasts, so the operator must see it before the overlap ends.
+	// A writer that keeps rewriting the Secret sets Stalled, but like
+	// Broken it does not fail readiness while a valid leaf is served
+	// (RotationCheck, foreignWriterOnly): it is an old rotator's pods that
+	// a rolling update replaces only once the new pods are Ready.
 	if s.ForeignWriter = a.store.writer.reason(); s.ForeignWriter != "" {
+		s.foreignWriterOnly = !s.Stalled
 		s.Stalled = true
 		if s.ClockSkew == "" && s.Broken == "" {
 			s.Phase = PhaseStalled
@@ -579,7 +580,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
-	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
+	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret)})
 	if convert && err == nil && res.skew == nil {
 		// Logged once decided: not while another writer keeps rewriting
 		// the Secret (foreignWriter), which is held instead.

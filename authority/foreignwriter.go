@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,10 +35,26 @@ import (
 // its pods serve leaves of (and which it injects into the caBundles
 // itself), so that a caBundle publisher of this replica's never takes that
 // trust away from them while they still serve. Only the current one is
-// added, never one per rewrite. It reports Stalled with
-// the reason (RotationStatus.ForeignWriter), fails the ca-rotation
-// readiness check, sends one Warning Event per episode and counts every
-// rewrite (evercert_ca_secret_foreign_rewrites_total).
+// added, never one per rewrite. It reports Stalled with the reason
+// (RotationStatus.ForeignWriter), sends one Warning Event per episode and
+// counts every rewrite (evercert_ca_secret_foreign_rewrites_total), but it
+// keeps the ca-rotation readiness check green while it serves a valid leaf:
+// the hold comes from the old pods of a rolling update, and that update
+// replaces them only once the new pods are Ready. Failing readiness here
+// would keep every new pod NotReady, so the old pods, and the old rotator
+// in them, would never go away (a review of the first attempt found that
+// deadlock). The check fails only when no valid leaf is served
+// (RotationStatus.LeafExpired).
+//
+// Only a foreign writer's rewrite is held, never evercert's own state
+// (rewritten): a Secret that carries an operator's mark (a compromised CA,
+// a rotation request) or an emergency's record is always decided at once,
+// so an emergency never waits for a hold (machine.step runs the emergency
+// on it), and in the cert-manager layout, which is the Authority's own, a
+// Secret with any evercert.io annotation is taken for a peer's write: a
+// paused replica that missed a peer's emergency (one CA in tls.crt and
+// ca.crt, as cert-manager writes) must follow it, not serve the
+// compromised CA it had (a review found the first attempt doing that).
 //
 // The rewrites have stopped once the Secret has held the same foreign CA
 // for a quiet period on this process's clock: one check interval for an
@@ -60,7 +77,13 @@ import (
 // chain to it; each replica brings back its own), and a successor if the
 // Secret publishes one; not every CA this replica ever knew, which restore
 // writes back after a rollback. A replica that reads the adoption another
-// replica wrote keeps the same rule.
+// replica wrote keeps the same rule. Every CA the trim leaves out (and
+// every CA of the other writer's that this replica read during the
+// episode) is remembered as trimmed until it expires: a backup restored
+// from the overlap that brings one back as the signing CA is a rollback
+// (machine.restore), so that CA never signs again; the clients were given
+// the trimmed bundle and do not trust it (a review found leaves of such a
+// CA failing with "x509: certificate signed by unknown authority").
 type foreignWriter struct {
 	name, key string
 	layout    SecretLayout
@@ -82,6 +105,11 @@ type foreignWriter struct {
 	adopted time.Time
 	// why is the Stalled reason while held, "" otherwise.
 	why string
+	// episode holds the other writer's CAs read during the current
+	// episode; trimmed maps the fingerprint of each CA a trim left out to
+	// its NotAfter (forgotten after it).
+	episode []*x509.Certificate
+	trimmed map[string]time.Time
 }
 
 // foreignWriterHold is step's answer while another writer keeps rewriting
@@ -103,22 +131,33 @@ func (st *caSet) knows(c *x509.Certificate) bool {
 }
 
 // rewritten reports whether the Secret as read is a foreign rewrite: in
-// the adopted layout, with a signing CA this process never had, after it
-// had a state in force. Anything else is the Authority's own layout (its
-// own write, or a peer's adoption), this process's first adoption, or a
-// rollback to content it knew (restore's).
+// the adopted layout, with a signing CA this process never had (nor
+// trimmed: that is a rollback, restore's), after it had a state in force,
+// and with no mark of evercert's own. Anything else is the Authority's own
+// state (its own write, a peer's adoption or emergency, an operator's
+// request), this process's first adoption, or a rollback to content it
+// knew.
 func (w *foreignWriter) rewritten(in stepInput) bool {
 	st := in.read
-	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) {
+	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) || w.wasTrimmedLocked(st.signing.Cert, in.now) {
+		return false
+	}
+	if st.ops.any() {
+		// An operator's mark or an emergency's record, in any layout: the
+		// emergency is acted on at once, whatever the old rotator does.
 		return false
 	}
 	if w.layout == LayoutCertManager {
 		// cert-manager's layout is the Authority's: its DynamicAuthority's
 		// rewrite is a new CA written to tls.crt and to ca.crt alone
 		// (other keys stay), which an Authority never writes (its ca.crt
-		// keeps every CA still trusted).
-		return len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
+		// keeps every CA still trusted) but after an emergency or a
+		// retirement that a paused replica missed. Those carry the
+		// Authority's annotations; a Secret with any is a peer's.
+		return len(in.marks) == 0 && len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
 	}
+	// The other layouts are never the Authority's: the data were written
+	// by the other rotator, whatever annotations its update kept.
 	return in.adopted
 }
 
@@ -139,6 +178,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	fp := Fingerprint(st.signing.Cert)
 	if fp != w.seen {
 		w.seen, w.since = fp, now
+		w.episode = append(w.episode, st.signing.Cert)
 		certmetrics.ForeignRewrite(w.name)
 		if !w.active {
 			if w.adopted.IsZero() || now.Sub(w.adopted) >= w.quiet.Cap() {
@@ -181,9 +221,78 @@ func (w *foreignWriter) settled(now time.Time) {
 		w.adopted = now
 		klog.Background().Info("The CA secret is left alone again; adopted once", "provider", w.name, "secret", w.key)
 	}
-	w.active, w.why, w.seen = false, "", ""
+	w.active, w.why, w.seen, w.episode = false, "", "", nil
 	w.mu.Unlock()
 }
+
+// trim records, after an adoption that ended an episode left st in force
+// (or is about to write it), every CA that last had or that the other
+// writer wrote during the episode and st leaves out: none of them signs
+// again (wasTrimmed). Idempotent: a step retried after a conflict records
+// the same CAs.
+func (w *foreignWriter) trim(last, st *caSet, now time.Time) {
+	if w == nil || last == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cands := slices.Clone(last.bundle)
+	if last.signing != nil {
+		cands = append(cands, last.signing.Cert)
+	}
+	if last.next != nil {
+		cands = append(cands, last.next.Cert)
+	}
+	cands = append(cands, w.episode...)
+	for _, c := range cands {
+		if st.knows(c) || !now.Before(c.NotAfter) {
+			continue
+		}
+		if w.trimmed == nil {
+			w.trimmed = map[string]time.Time{}
+		}
+		w.trimmed[Fingerprint(c)] = c.NotAfter
+	}
+	for fp, end := range w.trimmed {
+		if !now.Before(end) {
+			delete(w.trimmed, fp)
+		}
+	}
+}
+
+// wasTrimmed reports whether a trim of this process's left c out (trim),
+// and c has not expired.
+func (w *foreignWriter) wasTrimmed(c *x509.Certificate, now time.Time) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.wasTrimmedLocked(c, now)
+}
+
+func (w *foreignWriter) wasTrimmedLocked(c *x509.Certificate, now time.Time) bool {
+	end, ok := w.trimmed[Fingerprint(c)]
+	return ok && now.Before(end)
+}
+
+// evercertMarks lists the evercert.io annotations of a Secret as read,
+// sorted: any of them says that the Authority (or an operator of it) wrote
+// there.
+func evercertMarks(s *corev1.Secret) []string {
+	var marks []string
+	for k := range s.Annotations {
+		if strings.HasPrefix(k, evercertAnnotationPrefix) {
+			marks = append(marks, k)
+		}
+	}
+	slices.Sort(marks)
+	return marks
+}
+
+// evercertAnnotationPrefix starts every annotation the Authority or its
+// operator writes on the Secret.
+const evercertAnnotationPrefix = "evercert.io/"
 
 // reason is the Stalled reason while another writer keeps rewriting the
 // Secret, "" otherwise.

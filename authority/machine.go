@@ -117,6 +117,9 @@ type stepInput struct {
 	// serving is the CA of the leaf this process serves, nil before its
 	// first leaf.
 	serving *x509.Certificate
+	// marks are the evercert.io annotations of the Secret as read
+	// (evercertMarks): the Authority's own, never a foreign writer's.
+	marks []string
 	// repairs name the parts of a hand-edited Secret that did not parse and
 	// were filled from last: written back.
 	repairs []string
@@ -158,7 +161,11 @@ type stepResult struct {
 //     decided or written until it is left alone for a check interval, then
 //     it is adopted once, keeping only the CAs a served leaf needs
 //     (foreignWriter): neither side's clients lose trust, and ca.crt does
-//     not collect every CA of the overlap.
+//     not collect every CA of the overlap. Never a Secret with an
+//     operator's mark or an emergency's record (the emergency of step 5
+//     runs at once, whatever the hold), nor one in the Authority's own
+//     layout that carries its annotations (a peer's write); a CA the trim
+//     left out never signs again (restore).
 //  1. A CA pasted into the Secret's signing slot that no bundle publishes
 //     becomes the successor (secretRepair.unpublished), so it never signs
 //     unobserved (S2).
@@ -282,6 +289,10 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		}
 	}
 	res.restored = m.restore(st, in.last, in.exists, now, keep)
+	if trim {
+		// What the trim left out never signs again (restore).
+		m.writer.trim(in.last, st, now)
+	}
 	declared, undeclared := m.declareTargets(st, in.declares, now)
 	res.undeclared = undeclared
 	// The emergency waits for every observer and live replica, not for
@@ -456,7 +467,11 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, ke
 			// its key: a backup restored mid-adoption is a rollback.
 			return false
 		}
-		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
+		// A CA this process trimmed after another writer's rewrites is
+		// known too: the clients were given the bundle without it, so a
+		// backup from the overlap that brings it back must not make it
+		// sign (foreignWriter.trim).
+		known := slices.ContainsFunc(last.bundle, c.Cert.Equal) || m.writer.wasTrimmed(c.Cert, now)
 		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 		// A CA this process knows compromised is no other writer's: it
 		// left the bundle in an emergency, and a backup from before the
