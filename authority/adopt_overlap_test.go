@@ -80,14 +80,16 @@ func countCerts(t *testing.T, bundle []byte) int {
 }
 
 // TestAdoptWhileOldRotatorStillWrites is issue 27 §8 bullet 1: a rolling
-// update straight from cert-controller AddRotator pods (or cert-manager's
-// webhook with its DynamicAuthority) to evercert, so the old rotator keeps
-// rewriting the Secret (a new CA and leaf every 20 fake
+// update straight from cert-controller AddRotator pods to evercert, so the
+// old rotator keeps rewriting the Secret (a new CA and leaf every 20 fake
 // seconds) after two evercert replicas adopted it. Each replica must stop
 // adopting: it keeps serving what it has, reports Stalled with a reason
-// naming the Secret and the layout, fails the ca-rotation readiness check,
-// sends one Warning Event and counts every rewrite, and its ca.crt does not
-// grow. Once the rotator stops, the replicas adopt its last CA once, ca.crt
+// naming the Secret and the layout, keeps its ca-rotation readiness check
+// green (it serves a valid leaf, and the rolling update removes the old
+// pods only once the new ones are Ready: review finding 1 of the first
+// attempt, which failed readiness and deadlocked the rollout), sends one
+// Warning Event and counts every rewrite, and its ca.crt does not grow.
+// Once the rotator stops, the replicas adopt its last CA once, ca.crt
 // holds at most three CAs, and both the replicas' leaves and the old
 // rotator's last leaf verify against it in real TLS handshakes.
 func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {

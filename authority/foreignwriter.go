@@ -55,14 +55,18 @@ import (
 // paused replica that missed a peer's emergency (one CA in tls.crt and
 // ca.crt, as cert-manager writes) must follow it, not serve the
 // compromised CA it had (a review found the first attempt doing that).
+// Every replica writes ReplicaNamesAnnotation with its first write, so in
+// practice cert-manager's webhook is not held once evercert wrote the
+// Secret (docs/migrating.md says to stop it first); the other layouts are
+// never written by an Authority, so their data alone name the writer.
 //
 // The rewrites have stopped once the Secret has held the same foreign CA
 // for a quiet period on this process's clock: one check interval for an
 // episode that starts long after the last one. A stopped writer is told
 // apart from a running one that is between two rewrites only by waiting; a
 // longer wait (the propagation delay, days) would keep every replica
-// NotReady long after the old pods are gone, and a shorter one (the API
-// latency) is the fight this prevents. A rotator that still runs after
+// serving the overlap's state, Stalled, long after the old pods are gone,
+// and a shorter one (the API latency) is the fight this prevents. A rotator that still runs after
 // that (it rotates only on its own schedule, or it answers the adoption
 // with a rewrite, as cert-controller does) starts a new episode, and each
 // such adoption costs its pods a CA swap (cert-controller injects its new

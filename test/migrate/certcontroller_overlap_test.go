@@ -31,8 +31,9 @@ import (
 //
 // The old pods serve, during the overlap, the leaf the Secret held last in
 // cert-controller's layout (the kubelet's copy and certwatcher, polled);
-// the evercert replicas get no traffic while their ca-rotation readiness
-// check fails, as a Service does with pods that are not Ready. After the
+// the evercert replicas get no traffic during it (the front stands in for
+// a rollout that has not moved traffic yet; their readiness stays green
+// while held, so a real rollout would go on and remove the old pods). After the
 // overlap the old manager stops, the replicas adopt its last CA once, the
 // front switches to them once they are ready, and the first observed CA
 // rotation runs: 0 failed webhook calls from the old manager's stop on,

@@ -381,9 +381,9 @@ func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() boo
 // replicas start, as a rolling update straight from the old tool's pods
 // does: for overlap, the old tool keeps writing its Secret (rewrites
 // counts its rewrites) and its caBundle, the front keeps serving the old
-// pods (the replicas fail their ca-rotation readiness check, so a Service
-// would send them nothing), and every replica must report the other writer
-// (Stalled, ForeignWriter, readiness) without ca.crt growing. Then the old
+// pods (as a Service does until the rollout moves on), and every replica
+// must report the other writer (Stalled, ForeignWriter) while its
+// readiness check stays green, without ca.crt growing. Then the old
 // tool stops (stopOld), the replicas adopt its last CA once and are ready
 // again, the front switches to them and the first observed CA rotation
 // runs. 0 failed calls from the old tool's stop on (the overlap's are
@@ -403,11 +403,15 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 	maxCAs := 0
 	for end := time.Now().Add(overlap); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		for _, r := range rs {
-			// Read through the readiness check, which names the reason
-			// (Status().ForeignWriter).
-			if err := authority.RotationCheck(r.a).Check(nil); err != nil && strings.Contains(err.Error(), "another writer keeps rewriting") {
-				reported[r.a.Name()] = err.Error()
-				require.True(e.t, r.a.Status().Stalled, "%s: Stalled while %s keeps writing", r.a.Name(), tool)
+			// The hold is reported in Status (ForeignWriter, Stalled),
+			// not by readiness: a rolling update removes the old pods
+			// only once the new ones are Ready.
+			if st := r.a.Status(); st.ForeignWriter != "" {
+				reported[r.a.Name()] = st.ForeignWriter
+				require.True(e.t, st.Stalled, "%s: Stalled while %s keeps writing", r.a.Name(), tool)
+				if r.a.Leaf() != nil && !st.LeafExpired && st.ClockSkew == "" && !st.CatchingUp {
+					require.NoError(e.t, authority.RotationCheck(r.a).Check(nil), "%s: ready while %s keeps writing and a valid leaf is served", r.a.Name(), tool)
+				}
 			}
 			maxCAs = max(maxCAs, len(parsePEM(e.t, r.a.CurrentCABundleContent())))
 		}
