@@ -18,18 +18,26 @@ import (
 // three ways besides the readiness deadlock (TestAdoptWhileOldRotatorStillWrites
 // checks readiness stays green): these are its Run-loop tests.
 
+// oldRotatorSecret creates the Secret an old rotator of layout wrote, on
+// a fake API server that enforces resourceVersions, and returns the
+// rotator and its first CA.
+func oldRotatorSecret(t *testing.T, layout SecretLayout) (*oldRotator, *fake.Clientset, *clocktesting.FakeClock, foreignCA) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(testNow)
+	client := fake.NewClientset()
+	old := &oldRotator{t: t, client: client, clk: clk, layout: layout}
+	_, err := client.CoreV1().Secrets("ns").Create(context.Background(), opaqueSecret(old.make()), metav1.CreateOptions{})
+	require.NoError(t, err)
+	optimistic(client)
+	return old, client, clk, old.latest
+}
+
 // holdingReplica starts one replica adopting the cert-controller Secret
 // old writes, waits for its adoption and for it to hold on old's first
 // rewrite of the overlap.
 func holdingReplica(t *testing.T, name string) (*Authority, *oldRotator, *fake.Clientset, *clocktesting.FakeClock, foreignCA) {
 	t.Helper()
-	clk := clocktesting.NewFakeClock(testNow)
-	client := fake.NewClientset()
-	old := &oldRotator{t: t, client: client, clk: clk, layout: LayoutCertController}
-	_, err := client.CoreV1().Secrets("ns").Create(context.Background(), opaqueSecret(old.make()), metav1.CreateOptions{})
-	require.NoError(t, err)
-	optimistic(client)
-	first := old.latest
+	old, client, clk, first := oldRotatorSecret(t, LayoutCertController)
 	a := runAdopting(t, client, clk, name, LayoutCertController, nil)
 	waitFor(t, "the adoption", func() bool {
 		_, cc := getSecret(t, client).Data["ca.key"]
@@ -142,13 +150,8 @@ func TestForeignWriterTrimmedCANeverSignsAgain(t *testing.T) {
 // the peer, not take it for cert-manager's rewrite: no hold, no leaf of
 // the compromised CA, and its bundle does not publish it.
 func TestForeignWriterHoldNeverTakesPeersEmergency(t *testing.T) {
-	clk := clocktesting.NewFakeClock(testNow)
-	client := fake.NewClientset()
-	old := &oldRotator{t: t, client: client, clk: clk, layout: LayoutCertManager}
-	_, err := client.CoreV1().Secrets("ns").Create(context.Background(), opaqueSecret(old.make()), metav1.CreateOptions{})
-	require.NoError(t, err)
-	optimistic(client)
-	bad := old.latest.ca
+	_, client, clk, first := oldRotatorSecret(t, LayoutCertManager)
+	bad := first.ca
 	ctx := context.Background()
 	// a runs one check at a time: between them it is paused.
 	a := attackAuthority(t, client, clk, "peer-emergency-a", func(c *Config) { c.Adopt = LayoutCertManager })
@@ -163,7 +166,7 @@ func TestForeignWriterHoldNeverTakesPeersEmergency(t *testing.T) {
 		s.Annotations = map[string]string{}
 	}
 	s.Annotations[CompromisedCAAnnotation] = Fingerprint(bad.Cert)
-	_, err = client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	for steps := 0; ; steps++ {
 		require.Less(t, steps, 60, "b's emergency did not leave one CA in tls.crt and ca.crt within ten minutes")
