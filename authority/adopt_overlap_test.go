@@ -143,8 +143,11 @@ func testAdoptWhileOldRotatorStillWrites(t *testing.T, layout SecretLayout) {
 		old.rewrite()
 		// Each replica has read the rewrite once it counted it; on a
 		// replica that adopts it instead, once ca.key is gone again.
+		// The count goes up when the rewrite is read, before the held
+		// state (with the rewrite's CA) is served: wait for both.
 		waitFor(t, fmt.Sprintf("both replicas to read rewrite %d", k), func() bool {
-			return written() || rewrites(a)-before[a] >= float64(k) && rewrites(b)-before[b] >= float64(k)
+			return written() || rewrites(a)-before[a] >= float64(k) && rewrites(b)-before[b] >= float64(k) &&
+				caInBundle(t, a.CurrentCABundleContent(), old.latest.ca) && caInBundle(t, b.CurrentCABundleContent(), old.latest.ca)
 		})
 		for _, r := range replicas {
 			s := r.Status()
