@@ -1,6 +1,8 @@
-// Package hack holds no library code: its test checks that every program the
+// Package hack holds no library code: its tests check that every program the
 // tests and the Makefile run reaches a fresh machine through the project's
-// own scripts.
+// own scripts, and that the nested modules build their dependencies at the
+// root module's versions (modules_test.go), so a cold build cache compiles
+// the packages they share once.
 package hack
 
 import (
