@@ -22,20 +22,10 @@ import (
 // mark, a successor). A review found that any delivery other than the
 // refused version ended the GETs.
 func TestRefusedWriteIgnoresAnOlderDelivery(t *testing.T) {
-	secret := func(rv string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
-	}
-	client := fake.NewClientset(secret("10"))
-	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
-	require.NoError(t, err)
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	require.NoError(t, store.Add(secret("8")))
-	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
-	src.MarkDelivered()
-	r := newSecretReads(src, secretReadsMaxAge(0))
+	_, store, src, r := cachedReads(t, rvSecret("10"), "8")
 
 	r.failed("10") // the write based on version 10 was refused
-	require.NoError(t, store.Update(secret("9")))
+	require.NoError(t, store.Update(rvSecret("9")))
 	src.MarkDelivered() // the lagging watch delivers 9
 
 	got, err := r.read(context.Background(), "ns", "ca")
@@ -50,17 +40,7 @@ func TestRefusedWriteIgnoresAnOlderDelivery(t *testing.T) {
 // its CAs back (TestAdoptCertControllerSecret failed so, 1 run in 200).
 // Once the watch shows 10, the cache is used again.
 func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
-	secret := func(rv string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
-	}
-	client := fake.NewClientset(secret("10"))
-	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
-	require.NoError(t, err)
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	require.NoError(t, store.Add(secret("8")))
-	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
-	src.MarkDelivered()
-	r := newSecretReads(src, secretReadsMaxAge(0))
+	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
 
 	r.failed("8") // a write based on the cache's version 8 was refused
 	got, err := r.read(context.Background(), "ns", "ca")
@@ -72,8 +52,8 @@ func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
 	require.Equal(t, "10", got.ResourceVersion, "the read after the GET came from a cache older than what the GET saw")
 
 	client.ClearActions()
-	require.NoError(t, store.Update(secret("10")))
-	r.observed(secret("10"))
+	require.NoError(t, store.Update(rvSecret("10")))
+	r.observed(rvSecret("10"))
 	src.MarkDelivered() // the watch catches up
 	got, err = r.read(context.Background(), "ns", "ca")
 	require.NoError(t, err)
@@ -87,24 +67,14 @@ func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
 // a GET that finds no Secret agrees with the cache. Reads use the cache
 // again rather than GET at every check until the Secret is recreated.
 func TestADeletedSecretEndsTheWaitForAVersion(t *testing.T) {
-	secret := func(rv string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
-	}
-	client := fake.NewClientset(secret("10"))
-	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
-	require.NoError(t, err)
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	require.NoError(t, store.Add(secret("8")))
-	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
-	src.MarkDelivered()
-	r := newSecretReads(src, secretReadsMaxAge(0))
+	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
 	r.failed("8")
 	got, err := r.read(context.Background(), "ns", "ca")
 	require.NoError(t, err)
 	require.Equal(t, "10", got.ResourceVersion)
 
 	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
-	require.NoError(t, store.Delete(secret("8")))
+	require.NoError(t, store.Delete(rvSecret("8")))
 	r.observed(nil)
 	src.MarkDelivered()
 	_, err = r.read(context.Background(), "ns", "ca")
@@ -123,27 +93,17 @@ func TestADeletedSecretEndsTheWaitForAVersion(t *testing.T) {
 // it must not decide on version 8, a Secret that no longer exists, until
 // the watch shows the deletion.
 func TestAGetThatFindsNoSecretIsNotUndoneByTheCache(t *testing.T) {
-	secret := func(rv string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
-	}
-	client := fake.NewClientset() // deleted on the API server
-	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
-	require.NoError(t, err)
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	require.NoError(t, store.Add(secret("8")))
-	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
-	src.MarkDelivered()
-	r := newSecretReads(src, secretReadsMaxAge(0))
+	client, store, src, r := cachedReads(t, nil, "8") // deleted on the API server
 
 	r.failed("8") // a write based on the cache's version 8 was refused
-	_, err = r.read(context.Background(), "ns", "ca")
+	_, err := r.read(context.Background(), "ns", "ca")
 	require.True(t, apierrors.IsNotFound(err), "the read after a refused write is a GET: %v", err)
 
 	got, err := r.read(context.Background(), "ns", "ca")
 	require.True(t, apierrors.IsNotFound(err), "the read after the GET came from a cache older than what the GET saw: version %v", rvOf(got))
 
 	client.ClearActions()
-	require.NoError(t, store.Delete(secret("8")))
+	require.NoError(t, store.Delete(rvSecret("8")))
 	r.observed(nil)
 	src.MarkDelivered() // the watch catches up
 	_, err = r.read(context.Background(), "ns", "ca")
@@ -156,4 +116,26 @@ func rvOf(s *corev1.Secret) string {
 		return "(none)"
 	}
 	return s.ResourceVersion
+}
+
+// rvSecret is the CA Secret at resourceVersion rv, nothing else set.
+func rvSecret(rv string) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
+}
+
+// cachedReads returns secretReads over a synced watch cache holding the
+// Secret at cacheRV, the API server holding onAPI (nil: none).
+func cachedReads(t *testing.T, onAPI *corev1.Secret, cacheRV string) (*fake.Clientset, cache.Store, *secretwatch.Source, *secretReads) {
+	t.Helper()
+	client := fake.NewClientset()
+	if onAPI != nil {
+		client = fake.NewClientset(onAPI)
+	}
+	src, err := secretwatch.New(secretwatch.Config{Namespace: "ns", SecretName: "ca", Client: client, Clock: clocktesting.NewFakeClock(testNow)})
+	require.NoError(t, err)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	require.NoError(t, store.Add(rvSecret(cacheRV)))
+	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
+	src.MarkDelivered()
+	return client, store, src, newSecretReads(src, secretReadsMaxAge(0))
 }

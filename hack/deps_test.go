@@ -158,18 +158,7 @@ func goPrograms(t *testing.T, root string) map[string][]string {
 	found := map[string][]string{}
 	used := map[string]bool{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		if d.IsDir() {
-			switch rel {
-			case "hack/tools", "bin", "tmp", ".git":
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	err := walkSources(root, func(path, rel string) error {
 		if !strings.HasSuffix(path, ".go") || rel == "hack/deps_test.go" {
 			return nil
 		}
@@ -402,4 +391,24 @@ func writeExec(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o755); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// walkSources calls fn for every file of the repository at root, with its
+// path and its path relative to root, leaving out what the build makes or
+// downloads (hack/tools, bin, tmp) and .git.
+func walkSources(root string, fn func(path, rel string) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			switch rel {
+			case "hack/tools", "bin", "tmp", ".git":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		return fn(path, rel)
+	})
 }

@@ -1,7 +1,6 @@
 package hack
 
 import (
-	"io/fs"
 	"maps"
 	"os/exec"
 	"path/filepath"
@@ -51,19 +50,8 @@ func builtModules(t *testing.T, dir string, tagSets ...string) map[string]string
 func TestNestedModulesBuildWithTheRootsVersions(t *testing.T) {
 	root := repoRoot(t)
 	var nested []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		if d.IsDir() {
-			switch rel {
-			case "hack/tools", "bin", "tmp", ".git":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if d.Name() == "go.mod" && rel != "go.mod" {
+	err := walkSources(root, func(_, rel string) error {
+		if filepath.Base(rel) == "go.mod" && rel != "go.mod" {
 			nested = append(nested, filepath.Dir(rel))
 		}
 		return nil
