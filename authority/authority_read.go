@@ -88,6 +88,15 @@ type secretReads struct {
 	// deletion yet).
 	awaiting bool
 	awaitRV  string
+	// got, when a GET set awaiting (gotSet), is what it read (nil: no
+	// Secret): newer than the cache, so reads return it, without a GET
+	// each (TestAPIBudgetPerRotation), while the cache still holds what it
+	// held then (gotOver, absentRV for nothing). A cache that moved on
+	// to another version (a relist past the one awaited) is not ordered
+	// against it: then reads GET.
+	got     *corev1.Secret
+	gotSet  bool
+	gotOver string
 	// confirmed is when a GET last found what the cache holds.
 	confirmed time.Time
 	// fresh is when a GET last answered (the Secret, or NotFound), or the
@@ -140,7 +149,7 @@ func (r *secretReads) observed(secret *corev1.Secret) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.awaiting && (r.awaitRV == "" || secret != nil && secret.ResourceVersion == r.awaitRV || secret == nil && r.awaitRV == absentRV) {
-		r.awaiting = false
+		r.awaiting, r.got, r.gotSet = false, nil, false
 	}
 }
 
@@ -152,6 +161,7 @@ func (r *secretReads) wrote(secret *corev1.Secret) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.awaiting, r.awaitRV, r.mustGet, r.staleRV = true, secret.ResourceVersion, false, ""
+	r.got, r.gotSet = nil, false
 }
 
 func (r *secretReads) failed(staleRV string) {
@@ -192,7 +202,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		case secret.ResourceVersion == "":
 		case cached != nil && secret.ResourceVersion == cached.ResourceVersion:
 			// The cache holds what the API server has.
-			r.awaiting, r.confirmed = false, now
+			r.awaiting, r.got, r.gotSet, r.confirmed = false, nil, false, now
 		default:
 			// The API server is ahead of the cache: the cache is used
 			// again once it shows this version (or a GET finds it
@@ -200,7 +210,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 			// what this check saw: a replica that had seen a peer's
 			// successor took the lagging cache for a rollback and wrote
 			// its CAs back (TestAdoptCertControllerSecret, 1 run in 200).
-			r.awaiting, r.awaitRV = true, secret.ResourceVersion
+			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver = true, secret.ResourceVersion, secret, true, rvOrAbsent(cached)
 		}
 	case apierrors.IsNotFound(err):
 		r.mustGet, r.staleRV, r.fresh = false, "", now
@@ -209,12 +219,12 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 			// The cache holds what the API server has: no Secret. A
 			// version awaited (written, or read by a GET) was deleted
 			// since, and will never show.
-			r.confirmed, r.awaiting = now, false
+			r.confirmed, r.awaiting, r.got, r.gotSet = now, false, nil, false
 		case synced:
 			// The API server is ahead of the cache: the Secret it holds
 			// was deleted. Deciding on it next would undo what this
 			// check saw, as for a GET that reads a newer version.
-			r.awaiting, r.awaitRV = true, absentRV
+			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver = true, absentRV, nil, true, rvOrAbsent(cached)
 		}
 	default:
 		// A GET that fails changes nothing the cache depends on: the reason
@@ -226,6 +236,14 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		}
 	}
 	return secret, err
+}
+
+// rvOrAbsent is s's resourceVersion, absentRV for no Secret.
+func rvOrAbsent(s *corev1.Secret) string {
+	if s == nil {
+		return absentRV
+	}
+	return s.ResourceVersion
 }
 
 func latest(a, b time.Time) time.Time {
@@ -268,9 +286,15 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 	current := now.Sub(latest(r.confirmed, r.src.DeliveredAt())) < r.maxAge
 	use := current && !r.mustGet && !r.src.WatchFailing.Load() && (r.apiFailing == nil || !r.apiFailing())
 	if use && r.awaiting {
-		if inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV || !inCache && r.awaitRV == absentRV {
-			r.awaiting = false
-		} else {
+		switch {
+		case inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV || !inCache && r.awaitRV == absentRV:
+			r.awaiting, r.got, r.gotSet = false, nil, false
+		case r.gotSet && rvOrAbsent(cached) == r.gotOver:
+			// A GET read a version the cache does not show yet, and the
+			// cache has not moved since: that is the newest this replica
+			// knows, and costs no request.
+			cached, inCache = r.got, r.got != nil
+		default:
 			use = false
 		}
 	}

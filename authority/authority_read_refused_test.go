@@ -47,9 +47,11 @@ func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "10", got.ResourceVersion, "the read after a refused write is a GET")
 
+	client.ClearActions()
 	got, err = r.read(context.Background(), "ns", "ca")
 	require.NoError(t, err)
 	require.Equal(t, "10", got.ResourceVersion, "the read after the GET came from a cache older than what the GET saw")
+	require.Empty(t, client.Actions(), "the version the GET read is returned again without a request while the cache has not moved")
 
 	client.ClearActions()
 	require.NoError(t, store.Update(rvSecret("10")))
@@ -138,4 +140,31 @@ func cachedReads(t *testing.T, onAPI *corev1.Secret, cacheRV string) (*fake.Clie
 	src.Cache.Store(&secretwatch.View{Store: store, Synced: func() bool { return true }})
 	src.MarkDelivered()
 	return client, store, src, newSecretReads(src, secretReadsMaxAge(0))
+}
+
+// TestACacheThatMovesOnIsNotOrderedAgainstAGet: a GET read version 10
+// while the cache held 8; a relist then takes the cache to 11 without
+// showing 10. Versions are not ordered, so the read after it neither
+// returns 10 (older than the cache) nor 11 unconfirmed: it GETs.
+func TestACacheThatMovesOnIsNotOrderedAgainstAGet(t *testing.T) {
+	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
+	r.failed("8")
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion)
+
+	require.NoError(t, client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("secrets"), rvSecret("11"), "ns"))
+	require.NoError(t, store.Update(rvSecret("11")))
+	src.MarkDelivered() // a relist: 11, never 10
+	client.ClearActions()
+	got, err = r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "11", got.ResourceVersion)
+	require.Len(t, client.Actions(), 1, "the cache moved past the version the GET read: the read is a GET")
+
+	client.ClearActions()
+	got, err = r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "11", got.ResourceVersion)
+	require.Empty(t, client.Actions(), "the GET found the cache current: reads use it again")
 }
