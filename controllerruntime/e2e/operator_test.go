@@ -240,7 +240,7 @@ func startOperator(t *testing.T, args ...string) *operatorEnv {
 			}
 		}
 		return true
-	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz)")
+	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz): %s", notReadyReasons(env.reps))
 	t.Logf("%d replicas ready %v after start", replicas, time.Since(env.began).Round(100*time.Millisecond))
 
 	// The kube-apiserver picks up the published caBundles from its own
@@ -268,11 +268,11 @@ func TestE2EOperatorSteadyState(t *testing.T) {
 	time.Sleep(20 * time.Second)
 	before := sampleRequests(t, env.ctx, env.reps)
 	from := time.Now()
-	notReady := map[string]bool{}
+	notReady := map[string]string{}
 	for time.Since(from) < steadyWindow {
 		for _, r := range env.reps {
 			if !r.routable.Load() {
-				notReady[r.name] = true
+				notReady[r.name] = r.lastNotReady()
 			}
 		}
 		time.Sleep(time.Second)
@@ -281,6 +281,18 @@ func TestE2EOperatorSteadyState(t *testing.T) {
 	logRequests(t, env.reps, before, after, time.Since(from), "evercert's default lifetimes (7-day leaves, 56-day CAs), no rotation due")
 	assert.Empty(t, notReady, "replicas not ready during the measurement")
 	require.NoError(t, env.load.iteration(env.ctx, 1, false), "a Widget after the measurement")
+}
+
+// notReadyReasons says, for each replica not routable now, its last failed
+// probe.
+func notReadyReasons(reps []*replica) string {
+	var out []string
+	for _, r := range reps {
+		if !r.routable.Load() {
+			out = append(out, fmt.Sprintf("%s: %q", r.name, r.lastNotReady()))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // steadyWindow is how long TestE2EOperatorSteadyState counts requests:

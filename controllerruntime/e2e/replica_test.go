@@ -32,6 +32,11 @@ type replica struct {
 	cmd    *exec.Cmd
 	exited chan error // receives the exit once, then is closed
 	starts int
+
+	// notReady is the last failed probe (a /readyz body, or the probe's
+	// error) and when, for failure messages.
+	notReadyMu sync.Mutex
+	notReady   string
 }
 
 func freePort(t *testing.T) int {
@@ -106,7 +111,8 @@ func (r *replica) kill(t *testing.T) {
 	r.cmd = nil
 }
 
-// stop sends SIGTERM and expects a clean exit (status 0) within 20 s.
+// stop sends SIGTERM and expects a clean exit (status 0) within 30 s, the
+// kubelet's default terminationGracePeriodSeconds.
 func (r *replica) stop(t *testing.T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -119,10 +125,10 @@ func (r *replica) stop(t *testing.T) {
 		if err != nil {
 			t.Errorf("replica %s did not exit cleanly on SIGTERM: %v", r.name, err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(30 * time.Second):
 		_ = r.cmd.Process.Kill()
 		<-r.exited
-		t.Errorf("replica %s did not exit within 20s of SIGTERM", r.name)
+		t.Errorf("replica %s did not exit within 30s of SIGTERM", r.name)
 	}
 	r.cmd = nil
 }
@@ -147,13 +153,30 @@ func (r *replica) get(ctx context.Context, port int, path string) (string, bool)
 
 // probe keeps routable equal to the replica's readiness (/readyz), every
 // 200 ms, until ctx is done: the kubelet's readiness probe and the
-// EndpointSlice controller in one.
+// EndpointSlice controller in one. As the kubelet does with its default
+// failureThreshold, one success makes the replica routable and three
+// failures in a row take it out: a probe that times out once on a
+// loaded machine is not an outage of the replica.
 func (r *replica) probe(ctx context.Context) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	failures := 0
 	for {
-		_, ok := r.get(ctx, r.probePort, "/readyz")
-		r.routable.Store(ok)
+		body, ok := r.get(ctx, r.probePort, "/readyz")
+		switch {
+		case ok:
+			failures = 0
+			r.routable.Store(true)
+		case ctx.Err() != nil:
+		default:
+			failures++
+			r.notReadyMu.Lock()
+			r.notReady = time.Now().Format("15:04:05.000") + " " + strings.TrimSpace(body)
+			r.notReadyMu.Unlock()
+			if failures >= probeFailureThreshold {
+				r.routable.Store(false)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -162,11 +185,30 @@ func (r *replica) probe(ctx context.Context) {
 	}
 }
 
+// probeFailureThreshold is the kubelet's default failureThreshold.
+const probeFailureThreshold = 3
+
+// lastNotReady returns the last failed probe and when, or "".
+func (r *replica) lastNotReady() string {
+	r.notReadyMu.Lock()
+	defer r.notReadyMu.Unlock()
+	return r.notReady
+}
+
 // restRequests returns the replica's rest_client_requests_total (every
 // request its Kubernetes clients sent, as controller-runtime's metrics
 // endpoint exposes client-go's counter), in total and by method.
 func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64, error) {
-	body, ok := r.get(ctx, r.metricsPort, "/metrics")
+	// A scrape that times out on a loaded machine is tried again, as
+	// Prometheus would at its next interval; the counters lose nothing.
+	var body string
+	var ok bool
+	for attempt := range 5 {
+		if body, ok = r.get(ctx, r.metricsPort, "/metrics"); ok || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * time.Second)
+	}
 	if !ok {
 		return 0, nil, fmt.Errorf("replica %s /metrics: %s", r.name, body)
 	}
