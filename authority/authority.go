@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
@@ -290,6 +291,10 @@ func New(cfg Config) (*Authority, error) {
 	secretRef := &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
 		repair: &secretRepair{name: cfg.Name, key: src.Key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
+	if cfg.Adopt != LayoutEvercert {
+		store.writer = &foreignWriter{name: cfg.Name, key: src.Key, layout: cfg.Adopt, quiet: backoff.New(cfg.CheckInterval, 10*cfg.CheckInterval),
+			report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}
+	}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
@@ -303,6 +308,7 @@ func New(cfg Config) (*Authority, error) {
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, secretRef), a.servingFrom)
 	a.issuer.repair = store.repair
+	a.issuer.writer = store.writer
 	a.issuer.judge = func(st *caSet, now time.Time) (string, bool) {
 		if a.replicas != nil {
 			// Announced leaves must chain to a CA of the Secret as read.
@@ -361,6 +367,17 @@ func (a *Authority) Status() RotationStatus {
 	s.Broken = a.store.repair.reason()
 	if s.Broken != "" && s.ClockSkew == "" {
 		s.Phase = PhaseBroken
+	}
+	// A writer that keeps rewriting the Secret sets Stalled, but like
+	// Broken it does not fail readiness while a valid leaf is served
+	// (RotationCheck, foreignWriterOnly): it is an old rotator's pods that
+	// a rolling update replaces only once the new pods are Ready.
+	if s.ForeignWriter = a.store.writer.reason(); s.ForeignWriter != "" {
+		s.foreignWriterOnly = !s.Stalled
+		s.Stalled = true
+		if s.ClockSkew == "" && s.Broken == "" {
+			s.Phase = PhaseStalled
+		}
 	}
 	return s
 }
@@ -436,6 +453,9 @@ type secretStore struct {
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
+	// writer tells the rotator adopted from still rewriting the Secret
+	// (foreignWriter); nil without Config.Adopt.
+	writer *foreignWriter
 	// declaring logs, once per distinct error, a write of caBundle target
 	// declarations that failed (stepResult.declarationOnly).
 	declaring errlog.Once
@@ -560,10 +580,12 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
-	if convert {
+	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret)})
+	if convert && err == nil && res.skew == nil {
+		// Logged once decided: not while another writer keeps rewriting
+		// the Secret (foreignWriter), which is held instead.
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
-	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
 	var unrepairable *unrepairableError
 	if mutations.brokenSilent && errors.As(err, &unrepairable) {
 		s.repair.setReason("")
@@ -662,6 +684,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	if counted {
 		s.answered()
 	}
+	s.writer.settled(now)
 	return res, nil
 }
 

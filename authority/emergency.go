@@ -29,6 +29,14 @@ type operatorRequests struct {
 	dropped   []string
 }
 
+// any reports whether the Secret carries an operator's request (handled or
+// not) or an emergency's record: such a Secret is evercert's, never a
+// foreign writer's to hold (foreignWriter.rewritten).
+func (o operatorRequests) any() bool {
+	return o.rotateRequested != "" || o.rotateHandled != "" || o.compromised != "" || o.reason != "" ||
+		o.markedAt != "" || o.cHandled != "" || o.successor != "" || len(o.dropped) > 0
+}
+
 // Annotations the Authority keeps about an emergency rotation, beside the
 // operator's: emergencySuccessorAnnotation is the Fingerprint of the
 // successor made after the current mark; emergencyDroppedAnnotation lists
