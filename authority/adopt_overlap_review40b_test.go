@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestForeignWriterTrimKeepsPeersServingCA (review40b): a rolling update
@@ -47,4 +50,41 @@ func TestForeignWriterTrimKeepsPeersServingCA(t *testing.T) {
 	trusted := getSecret(t, client).Data["ca.crt"]
 	require.NoError(t, verifiesAt(t, b.Leaf(), trusted, clk.Now()), "b's served leaf against ca.crt after a's trim")
 	require.NoError(t, verifiesAt(t, b.Leaf(), a.CurrentCABundleContent(), clk.Now()), "b's served leaf against a's published bundle after its trim")
+}
+
+// TestForeignWriterHoldsKnativeRewrites (review40b): docs/migrating.md and
+// foreignWriter say a rewrite in knative's layout after the adoption is
+// held like cert-controller's. knative's reconciler regenerates its CA and
+// leaf into ca-cert.pem, server-cert.pem and server-key.pem of the Secret
+// as read (the Authority's ca.crt and successor stay). Each rewrite must be
+// held (ForeignWriter) and ca.crt must not collect one CA per rewrite.
+func TestForeignWriterHoldsKnativeRewrites(t *testing.T) {
+	clk := clocktesting.NewFakeClock(testNow)
+	client := fake.NewClientset()
+	gen := &oldRotator{t: t, client: client, clk: clk, layout: LayoutKnative}
+	gen.make()
+	ctx := context.Background()
+	_, err := client.CoreV1().Secrets("ns").Create(ctx, opaqueSecret(gen.latest.knative()), metav1.CreateOptions{})
+	require.NoError(t, err)
+	optimistic(client)
+	a := attackAuthority(t, client, clk, "knative-overlap", func(c *Config) { c.Adopt = LayoutKnative })
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, getSecret(t, client).Data["ca.crt"], "the adoption wrote ca.crt")
+	start := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	held := false
+	for k := 1; k <= 5; k++ {
+		clk.Step(5 * time.Second)
+		gen.make()
+		s := getSecret(t, client).DeepCopy()
+		for key, v := range gen.latest.knative() {
+			s.Data[key] = v
+		}
+		_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		require.NoError(t, a.RunOnce(ctx))
+		held = held || a.Status().ForeignWriter != ""
+	}
+	end := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	require.True(t, held, "no hold on five rewrites by knative's reconciler (ca.crt went from %d to %d CAs)", start, end)
+	require.LessOrEqual(t, end, start+1, "ca.crt collects knative's CAs")
 }
