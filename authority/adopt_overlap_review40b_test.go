@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"crypto/x509"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 // TestForeignWriterTrimKeepsPeersServingCA (review40b): a rolling update
@@ -87,4 +90,29 @@ func TestForeignWriterHoldsKnativeRewrites(t *testing.T) {
 	end := countCerts(t, getSecret(t, client).Data["ca.crt"])
 	require.True(t, held, "no hold on five rewrites by knative's reconciler (ca.crt went from %d to %d CAs)", start, end)
 	require.LessOrEqual(t, end, start+1, "ca.crt collects knative's CAs")
+}
+
+// TestForeignWriterEpisodeMemoryBounded (review40b): an old rotator that
+// never stops rewriting more often than the quiet period (a crash-looping
+// old pod, a tool rotating on every resync) holds for good; foreignWriter
+// keeps every CA it read during the episode (episode), a whole
+// certificate per rewrite, for as long as the hold lasts. A day of
+// rewrites every 30 seconds (2880) must not keep 2880 certificates.
+func TestForeignWriterEpisodeMemoryBounded(t *testing.T) {
+	clk := clocktesting.NewFakeClock(testNow)
+	old := &oldRotator{t: t, clk: clk, layout: LayoutCertController}
+	old.make()
+	first := old.latest.ca
+	w := &foreignWriter{name: "episode-memory", key: "ns/ca", layout: LayoutCertController,
+		report: newReporter("episode-memory", nil, nil), quiet: backoff.New(time.Minute, 10*time.Minute)}
+	last := &caSet{signing: first, bundle: []*x509.Certificate{first.Cert}}
+	const rewrites = 2880
+	for k := 0; k < rewrites; k++ {
+		clk.Step(30 * time.Second)
+		old.make()
+		read := &caSet{signing: old.latest.ca, bundle: []*x509.Certificate{old.latest.ca.Cert}}
+		hold, _ := w.decide(stepInput{now: clk.Now(), read: read, exists: true, last: last, adopted: true})
+		require.NotNil(t, hold, "rewrite %d 30s after the last one is held", k)
+	}
+	require.LessOrEqual(t, len(w.episode), 100, "certificates kept by one hold after %d rewrites", rewrites)
 }
