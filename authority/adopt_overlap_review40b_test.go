@@ -116,3 +116,27 @@ func TestForeignWriterEpisodeMemoryBounded(t *testing.T) {
 	}
 	require.LessOrEqual(t, len(w.episode), 100, "certificates kept by one hold after %d rewrites", rewrites)
 }
+
+// TestForeignWriterNoHoldOnPeersRecreatedSecret (review40b): in
+// cert-manager's layout (the Authority's own) with replica announcements
+// off, the Authority's writes carry no evercert.io annotation. The Secret
+// is deleted; a replica that just started (nothing in force) recreates it
+// first, with a new CA alone in tls.crt and ca.crt. That is a peer's
+// write, not cert-manager's webhook still running: replica a must not hold
+// on it (nor send the Warning "the old rotator still runs"), and must not
+// then trim ca.crt to its own serving CA.
+func TestForeignWriterNoHoldOnPeersRecreatedSecret(t *testing.T) {
+	_, client, clk, _ := oldRotatorSecret(t, LayoutCertManager)
+	ctx := context.Background()
+	adopting := func(c *Config) { c.Adopt = LayoutCertManager }
+	a := attackAuthority(t, client, clk, "recreated-a", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, client.CoreV1().Secrets("ns").Delete(ctx, "ca", metav1.DeleteOptions{}))
+	clk.Step(5 * time.Second)
+	c := attackAuthority(t, client, clk, "recreated-c", adopting)
+	require.NoError(t, c.RunOnce(ctx))
+	s := getSecret(t, client)
+	t.Logf("recreated by c: %d CA(s) in ca.crt, annotations %v", countCerts(t, s.Data["ca.crt"]), s.Annotations)
+	require.NoError(t, a.RunOnce(ctx))
+	require.Empty(t, a.Status().ForeignWriter, "a takes its peer's recreation for cert-manager's rewrite")
+}
