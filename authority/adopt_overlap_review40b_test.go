@@ -90,6 +90,16 @@ func TestForeignWriterHoldsKnativeRewrites(t *testing.T) {
 	end := countCerts(t, getSecret(t, client).Data["ca.crt"])
 	require.True(t, held, "no hold on five rewrites by knative's reconciler (ca.crt went from %d to %d CAs)", start, end)
 	require.LessOrEqual(t, end, start+1, "ca.crt collects knative's CAs")
+	for steps := 0; a.Status().ForeignWriter != ""; steps++ {
+		require.Less(t, steps, 30, "no adoption within half an hour of knative's last rewrite")
+		clk.Step(time.Minute)
+		require.NoError(t, a.RunOnce(ctx))
+	}
+	require.NoError(t, a.RunOnce(ctx))
+	trusted := getSecret(t, client).Data["ca.crt"]
+	require.LessOrEqual(t, countCerts(t, trusted), 3, "ca.crt after the adoption")
+	require.True(t, caInBundle(t, trusted, gen.latest.ca), "knative's last CA (its pods serve its last leaf) is trusted")
+	require.NoError(t, verifiesAt(t, a.Leaf(), trusted, clk.Now()), "the replica's served leaf against ca.crt")
 }
 
 // TestForeignWriterEpisodeMemoryBounded (review40b): an old rotator that
