@@ -74,20 +74,42 @@ import (
 // jittered, up to ten check intervals) while episodes follow each other
 // within that cap; no CA piles up meanwhile (below).
 //
-// Then the replica adopts once (trim): ca.crt keeps the adopted CA (which
-// signs, and which the old rotator's last leaf chains to: its pods may
-// serve that leaf until they are gone), the CA of the leaf this replica
-// serves (the leaves the Authority's replicas served during the overlap
-// chain to it; each replica brings back its own), and a successor if the
-// Secret publishes one; not every CA this replica ever knew, which restore
-// writes back after a rollback. A replica that reads the adoption another
-// replica wrote keeps the same rule. Every CA the trim leaves out (and
-// every CA of the other writer's that this replica read during the
-// episode) is remembered as trimmed until it expires: a backup restored
-// from the overlap that brings one back as the signing CA is a rollback
-// (machine.restore), so that CA never signs again; the clients were given
-// the trimmed bundle and do not trust it (a review found leaves of such a
-// CA failing with "x509: certificate signed by unknown authority").
+// Then the replica adopts once (trim). It trims only the CAs the other
+// writer wrote (episode: the ones this process read in its layout, its
+// first adoption's included) that no served leaf chains to; every other CA
+// of the Secret as it stood before the episode stays, as evercert's own
+// CAs always do until they expire. Kept, of the other writer's CAs: the
+// adopted one (which signs, and which the old rotator's last leaf chains
+// to: its pods may serve that leaf until they are gone), this replica's
+// current, previous and successor CAs (the CA of the leaf it serves, the
+// one it signed with before the episode, its successor), and every CA a
+// live peer's Lease announces a served leaf of (replicaSet.servingFrom).
+// Without announcements (Config.DisableReplicaAnnouncements) a peer's leaf
+// is unknown, so every CA the Secret had before the episode stays too: a
+// peer that adopted one of them (its first read was a rewrite) or that is
+// slow to follow serves a leaf of it, and a review found the first rule
+// (keep only this replica's serving CA) dropping that CA, the peer's
+// clients then failing with "x509: certificate signed by unknown
+// authority". This is the simplest rule that is safe: a CA leaves only
+// when nothing evercert knows of serves a leaf of it, and the other
+// writer's CAs are the only ones an overlap adds. With announcements, a
+// run of episodes (cert-controller answers each adoption with a new CA)
+// leaves ca.crt the adopted CA plus the served ones, three at most
+// (current, successor, previous); without them, one more per episode,
+// until those expire or are retired.
+//
+// A replica that reads the adoption another replica wrote keeps the same
+// rule. Every CA the trim leaves out is remembered as trimmed until it
+// expires: a backup restored from the overlap that brings one back as the
+// signing CA is a rollback (machine.restore), so that CA never signs
+// again; the clients were given the trimmed bundle and do not trust it (a
+// review found leaves of such a CA failing with "x509: certificate signed
+// by unknown authority").
+//
+// The memory a hold keeps is bounded whatever the other writer does (a
+// review found a hold that never ends keeping one certificate per
+// rewrite): the last maxForeignCAs CAs it wrote, and at most
+// maxTrimmedCAs trimmed fingerprints.
 type foreignWriter struct {
 	name, key string
 	layout    SecretLayout
@@ -109,12 +131,34 @@ type foreignWriter struct {
 	adopted time.Time
 	// why is the Stalled reason while held, "" otherwise.
 	why string
-	// episode holds the other writer's CAs read during the current
-	// episode; trimmed maps the fingerprint of each CA a trim left out to
-	// its NotAfter (forgotten after it).
+	// episode holds the other writer's CAs this process read (in the
+	// adopted layout), the last maxForeignCAs of them, oldest first: not
+	// reset when an episode ends, so the trim after the next one of the
+	// same overlap knows the CAs the one before adopted for the other
+	// writer's. trimmed maps the fingerprint of each CA a trim left out to
+	// its NotAfter (forgotten after it; at most maxTrimmedCAs).
 	episode []*x509.Certificate
 	trimmed map[string]time.Time
 }
+
+// maxForeignCAs bounds foreignWriter.episode. The list serves the trim
+// only: a CA of the other writer's that the trim does not know of is kept
+// (it is evercert's, as far as the trim can tell), never dropped, so a
+// CA forgotten here costs ca.crt a CA, not a client its trust. Sixteen
+// covers every CA of a rolling update's overlap that a replica can still
+// serve or have in its bundle: the Secret held before the episode (one
+// adoption ago, or one per episode without announcements) and the few a
+// replica starting during the hold adopts on its first read; the hold
+// serves the other writer's current CA only, never one per rewrite.
+const maxForeignCAs = 16
+
+// maxTrimmedCAs bounds foreignWriter.trimmed: one trim records at most
+// maxForeignCAs of the other writer's CAs and the few of its own state, so
+// four trims' worth. When it is full the CA that expires first is
+// forgotten: a backup that brings a forgotten CA back is then adopted as
+// another writer's CA (held, then adopted with the CA in ca.crt), not
+// refused as a rollback.
+const maxTrimmedCAs = 4 * maxForeignCAs
 
 // foreignWriterHold is step's answer while another writer keeps rewriting
 // the Secret: nothing is decided or written, and the check is due again
@@ -175,6 +219,12 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := in.read
+	if in.adopted && st.signing != nil {
+		// In the other rotator's layout: its CA, this process's first
+		// adoption's too (the trim may leave it out once nothing serves a
+		// leaf of it).
+		w.rememberLocked(st.signing.Cert)
+	}
 	if !w.rewritten(in) {
 		return nil, w.active
 	}
@@ -182,7 +232,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	fp := Fingerprint(st.signing.Cert)
 	if fp != w.seen {
 		w.seen, w.since = fp, now
-		w.episode = append(w.episode, st.signing.Cert)
+		w.rememberLocked(st.signing.Cert)
 		certmetrics.ForeignRewrite(w.name)
 		if !w.active {
 			if w.adopted.IsZero() || now.Sub(w.adopted) >= w.quiet.Cap() {
@@ -225,8 +275,55 @@ func (w *foreignWriter) settled(now time.Time) {
 		w.adopted = now
 		klog.Background().Info("The CA secret is left alone again; adopted once", "provider", w.name, "secret", w.key)
 	}
-	w.active, w.why, w.seen, w.episode = false, "", "", nil
+	w.active, w.why, w.seen = false, "", ""
 	w.mu.Unlock()
+}
+
+// rememberLocked adds c to the other writer's CAs (episode), keeping the
+// last maxForeignCAs.
+func (w *foreignWriter) rememberLocked(c *x509.Certificate) {
+	if containsCert(w.episode, c) {
+		return
+	}
+	if len(w.episode) == maxForeignCAs {
+		w.episode = slices.Delete(w.episode, 0, 1)
+	}
+	w.episode = append(w.episode, c)
+}
+
+// kept is what an adoption that ends an episode brings back from last
+// into the Secret as read (machine.restore's keep): see foreignWriter for
+// the rule. peerServes reports whether a live peer's Lease announces a
+// leaf c signed; nil without announcements, when every CA of last stays.
+func (w *foreignWriter) kept(last *caSet, serving *x509.Certificate, peerServes func(*x509.Certificate) bool) []*x509.Certificate {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := []*x509.Certificate{}
+	add := func(c *x509.Certificate) {
+		if c != nil && !containsCert(keep, c) {
+			keep = append(keep, c)
+		}
+	}
+	add(serving)
+	if last.signing != nil {
+		add(last.signing.Cert)
+	}
+	if last.next != nil {
+		add(last.next.Cert)
+	}
+	for _, c := range last.bundle {
+		if peerServes == nil || !containsCert(w.episode, c) || peerServes(c) {
+			add(c)
+		}
+	}
+	if peerServes != nil {
+		for _, c := range w.episode {
+			if peerServes(c) {
+				add(c)
+			}
+		}
+	}
+	return keep
 }
 
 // trim records, after an adoption that ended an episode left st in force
@@ -261,6 +358,15 @@ func (w *foreignWriter) trim(last, st *caSet, now time.Time) {
 		if !now.Before(end) {
 			delete(w.trimmed, fp)
 		}
+	}
+	for len(w.trimmed) > maxTrimmedCAs {
+		first := ""
+		for fp, end := range w.trimmed {
+			if first == "" || end.Before(w.trimmed[first]) || end.Equal(w.trimmed[first]) && fp < first {
+				first = fp
+			}
+		}
+		delete(w.trimmed, first)
 	}
 }
 
@@ -307,20 +413,4 @@ func (w *foreignWriter) reason() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.why
-}
-
-// neededAfter is what a trimmed adoption keeps of last besides the Secret
-// as read: the CA of the leaf this replica serves (the CA it signed with,
-// before its first leaf). Each replica keeps its own, so the leaves of all
-// of them keep verifying; a CA that no replica serves a leaf of any more
-// is not brought back.
-func neededAfter(last *caSet, serving *x509.Certificate) []*x509.Certificate {
-	keep := make([]*x509.Certificate, 0, 1)
-	switch {
-	case serving != nil:
-		keep = append(keep, serving)
-	case last.signing != nil:
-		keep = append(keep, last.signing.Cert)
-	}
-	return keep
 }

@@ -117,6 +117,11 @@ type stepInput struct {
 	// serving is the CA of the leaf this process serves, nil before its
 	// first leaf.
 	serving *x509.Certificate
+	// peerServes reports whether a live peer's Lease announces a leaf
+	// signed by a CA (replicaSet.servingFrom; an unlisted peer counts as
+	// serving every CA); nil without announcements. The trim after another
+	// writer's rewrites keeps such a CA (foreignWriter.kept).
+	peerServes func(*x509.Certificate) bool
 	// marks are the evercert.io annotations of the Secret as read
 	// (evercertMarks): the Authority's own, never a foreign writer's.
 	marks []string
@@ -280,7 +285,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	}
 	var keep []*x509.Certificate // nil: all that last had
 	if trim && in.last != nil {
-		keep = neededAfter(in.last, in.serving)
+		keep = m.writer.kept(in.last, in.serving, in.peerServes)
 		if st.next != nil && !containsCert(st.bundle, st.next.Cert) && in.last.knows(st.next.Cert) {
 			// Our successor, left in the Secret by a writer that rewrote
 			// only its own keys (cert-manager keeps next.crt): it was
