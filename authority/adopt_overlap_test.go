@@ -93,10 +93,12 @@ func countCerts(t *testing.T, bundle []byte) int {
 // holds at most three CAs, and both the replicas' leaves and the old
 // rotator's last leaf verify against it in real TLS handshakes.
 func TestAdoptWhileOldRotatorStillWrites(t *testing.T) {
-	// Not cert-manager's layout: it is the Authority's own, and a Secret in
-	// it that carries the Authority's annotations is a peer's
-	// (TestForeignWriterHoldNeverTakesPeersEmergency).
-	for _, layout := range []SecretLayout{LayoutCertController} {
+	// cert-manager's layout is the Authority's own: its webhook's rewrite
+	// keeps the Authority's annotations, and is told from a peer's write by
+	// WrittenCAAnnotation, which names the CA the Authority wrote
+	// (TestForeignWriterHoldNeverTakesPeersEmergency,
+	// TestForeignWriterNoHoldOnPeersRecreatedSecret).
+	for _, layout := range []SecretLayout{LayoutCertController, LayoutCertManager} {
 		t.Run(string(layout), func(t *testing.T) { testAdoptWhileOldRotatorStillWrites(t, layout) })
 	}
 }

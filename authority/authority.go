@@ -49,6 +49,15 @@ const (
 	// Secret, whose type requires the key).
 	KeyRefKey     = "tls.key-ref"
 	NextKeyRefKey = "next.key-ref"
+	// WrittenCAAnnotation is written with every write of the CA Secret the
+	// Authority makes: the fingerprint (Fingerprint) of the signing CA it
+	// wrote to tls.crt. In cert-manager's layout, which is the Authority's
+	// own, it tells a peer's write (a recreated Secret, an emergency a
+	// paused replica missed) from cert-manager's webhook still writing: that
+	// one keeps the annotations and replaces tls.crt, so the fingerprint no
+	// longer matches, and the other writer is held (foreignWriter).
+	// Written whether or not replica announcements are on.
+	WrittenCAAnnotation = "evercert.io/written-ca"
 )
 
 // PodNameEnv is the environment variable Config.ReplicaID
@@ -580,7 +589,8 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
-	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret)})
+	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
+		written: secret.Annotations[WrittenCAAnnotation]})
 	if convert && err == nil && res.skew == nil {
 		// Logged once decided: not while another writer keeps rewriting
 		// the Secret (foreignWriter), which is held instead.
@@ -823,6 +833,10 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Data[knativeServerKeyKey] = st.legacy.KeyPEM
 	}
 	s.Data[dynamiccert.SecretCAKey], _ = st.bundlePEM()
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[WrittenCAAnnotation] = Fingerprint(st.signing.Cert)
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	writeReplicaNames(st.replicaNames, s)

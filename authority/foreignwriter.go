@@ -198,11 +198,23 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	if w.layout == LayoutCertManager {
 		// cert-manager's layout is the Authority's: its DynamicAuthority's
 		// rewrite is a new CA written to tls.crt and to ca.crt alone
-		// (other keys stay), which an Authority never writes (its ca.crt
-		// keeps every CA still trusted) but after an emergency or a
-		// retirement that a paused replica missed. Those carry the
-		// Authority's annotations; a Secret with any is a peer's.
-		return len(in.marks) == 0 && len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
+		// (other keys and the annotations stay), which an Authority never
+		// writes (its ca.crt keeps every CA still trusted) but after an
+		// emergency or a retirement that a paused replica missed, or when
+		// a peer recreates a deleted Secret. Each write of the Authority's
+		// names the CA it wrote to tls.crt (WrittenCAAnnotation), whether
+		// or not replicas announce themselves: a Secret whose signing CA
+		// it names is a peer's (a review found a peer's recreation, with
+		// announcements off and so no annotation, held as cert-manager's
+		// rewrite); one that names another CA was rewritten since by
+		// someone else. A Secret without it was written before the
+		// annotation existed: any evercert.io annotation makes it a
+		// peer's, as before.
+		ours := len(in.marks) > 0
+		if in.written != "" {
+			ours = in.written == Fingerprint(st.signing.Cert)
+		}
+		return !ours && len(st.bundle) == 1 && st.bundle[0].Equal(st.signing.Cert)
 	}
 	// The other layouts are never the Authority's: the data were written
 	// by the other rotator, whatever annotations its update kept.

@@ -125,6 +125,9 @@ type stepInput struct {
 	// marks are the evercert.io annotations of the Secret as read
 	// (evercertMarks): the Authority's own, never a foreign writer's.
 	marks []string
+	// written is the Secret's WrittenCAAnnotation as read ("" when
+	// absent): the signing CA of the Authority's last write of it.
+	written string
 	// repairs name the parts of a hand-edited Secret that did not parse and
 	// were filled from last: written back.
 	repairs []string
