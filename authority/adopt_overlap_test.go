@@ -209,6 +209,7 @@ func testAdoptWhileOldRotatorStillWrites(t *testing.T, layout SecretLayout) {
 	s := getSecret(t, client)
 	published := s.Data["ca.crt"]
 	n := countCerts(t, published)
+	t.Logf("%s: ca.crt holds %d CAs after the adoption that ended a %d-rewrite overlap", layout, n, overlap)
 	assert.LessOrEqual(t, n, 3, "ca.crt keeps only the CAs a served leaf needs")
 	assert.Contains(t, string(published), string(pki.EncodeCertPEM(last.ca.Cert.Raw)), "the old rotator's last CA is trusted: its pods served its leaf to the end")
 	assert.Contains(t, string(published), string(pki.EncodeCertPEM(first.ca.Cert.Raw)), "the CA the replicas served leaves of during the overlap stays trusted")

@@ -51,14 +51,15 @@ import (
 // a rotation request) or an emergency's record is always decided at once,
 // so an emergency never waits for a hold (machine.step runs the emergency
 // on it), and in the cert-manager layout, which is the Authority's own, a
-// Secret with any evercert.io annotation is taken for a peer's write: a
-// paused replica that missed a peer's emergency (one CA in tls.crt and
-// ca.crt, as cert-manager writes) must follow it, not serve the
-// compromised CA it had (a review found the first attempt doing that).
-// Every replica writes ReplicaNamesAnnotation with its first write, so in
-// practice cert-manager's webhook is not held once evercert wrote the
-// Secret (docs/migrating.md says to stop it first); the other layouts are
-// never written by an Authority, so their data alone name the writer.
+// Secret whose WrittenCAAnnotation names its signing CA is taken for a
+// peer's write: a paused replica that missed a peer's emergency (one CA in
+// tls.crt and ca.crt, as cert-manager writes) must follow it, not serve
+// the compromised CA it had (a review found the first attempt doing that),
+// and a peer's recreation of a deleted Secret is no old rotator. The
+// annotation is on every write of the Authority's, announcements or not,
+// and cert-manager's webhook keeps it while it replaces tls.crt, so its
+// rewrite names another CA and is held. The other layouts are never
+// written by an Authority, so their data alone name the writer.
 //
 // The rewrites have stopped once the Secret has held the same foreign CA
 // for a quiet period on this process's clock: one check interval for an
