@@ -12,6 +12,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/backoff"
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // TestForeignWriterTrimKeepsPeersServingCA (review40b): a rolling update
@@ -149,4 +150,48 @@ func TestForeignWriterNoHoldOnPeersRecreatedSecret(t *testing.T) {
 	t.Logf("recreated by c: %d CA(s) in ca.crt, annotations %v", countCerts(t, s.Data["ca.crt"]), s.Annotations)
 	require.NoError(t, a.RunOnce(ctx))
 	require.Empty(t, a.Status().ForeignWriter, "a takes its peer's recreation for cert-manager's rewrite")
+}
+
+// TestForeignWriterTrimWithAnnouncements: after a second episode (the old
+// rotator answered the first adoption with a new CA), the CA the first
+// episode adopted is the other writer's and is in the Secret as it stood
+// before the second. With announcements, the trim keeps it exactly when a
+// live peer's Lease announces a leaf it signed; without them, a peer's
+// leaf is unknown and it stays. This replica's own serving CA, and the
+// CA adopted now, always stay.
+func TestForeignWriterTrimWithAnnouncements(t *testing.T) {
+	clk := clocktesting.NewFakeClock(testNow)
+	old := &oldRotator{t: t, clk: clk, layout: LayoutCertController}
+	newWriter := func() *foreignWriter {
+		return &foreignWriter{name: "trim-announced", key: "ns/ca", layout: LayoutCertController,
+			report: newReporter("trim-announced", nil, nil), quiet: backoff.New(time.Minute, 10*time.Minute)}
+	}
+	old.make()
+	ca0 := old.latest.ca.Cert
+	old.make()
+	ca1 := old.latest.ca.Cert
+	old.make()
+	ca2 := old.latest.ca.Cert
+	// This replica adopted ca0, then ca1 at the end of the first episode,
+	// and serves a leaf of ca1; the old rotator answered with ca2.
+	last := &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca0, ca1}}
+	kept := func(peerServes func(*x509.Certificate) bool) []*x509.Certificate {
+		w := newWriter()
+		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca0}, bundle: []*x509.Certificate{ca0}}, exists: true, adopted: true})
+		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca1}}, exists: true, last: &caSet{signing: &pki.Issued{Cert: ca0}, bundle: []*x509.Certificate{ca0}}, adopted: true})
+		w.settled(clk.Now())
+		hold, _ := w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca2}, bundle: []*x509.Certificate{ca2}}, exists: true, last: last, adopted: true})
+		require.NotNil(t, hold, "ca2 is a rewrite")
+		return w.kept(last, ca1, peerServes)
+	}
+	none := func(*x509.Certificate) bool { return false }
+	peerOnCA0 := func(c *x509.Certificate) bool { return c.Equal(ca0) }
+
+	got := kept(none)
+	require.True(t, containsCert(got, ca1), "this replica's serving CA stays")
+	require.False(t, containsCert(got, ca0), "the first episode's CA, which no live replica serves a leaf of, is trimmed")
+	got = kept(peerOnCA0)
+	require.True(t, containsCert(got, ca0), "a CA a live peer's Lease announces a leaf of stays")
+	got = kept(nil)
+	require.True(t, containsCert(got, ca0), "without announcements every CA the Secret had before the episode stays")
 }
