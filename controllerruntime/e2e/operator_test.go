@@ -233,14 +233,20 @@ func startOperator(t *testing.T, args ...string) *operatorEnv {
 		r.start(t)
 		probes.Go(func() { r.probe(probeCtx) })
 	}
-	require.Eventually(t, func() bool {
+	// The reasons are read when the wait has failed: require.Eventually's
+	// message arguments are evaluated when it is called, before any probe
+	// (ae11790's message named no replica's last /readyz body).
+	allReady := func() bool {
 		for _, r := range env.reps {
 			if !r.routable.Load() {
 				return false
 			}
 		}
 		return true
-	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz): %s", notReadyReasons(env.reps))
+	}
+	if !assert.Eventually(t, allReady, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz)") {
+		t.Fatalf("the replicas did not all become ready (/readyz) within 2m: %s", notReadyReasons(env.reps))
+	}
 	t.Logf("%d replicas ready %v after start", replicas, time.Since(env.began).Round(100*time.Millisecond))
 
 	// The kube-apiserver picks up the published caBundles from its own
