@@ -88,6 +88,11 @@ var mutations struct {
 	// CA serves a leaf of it at once and says it is ready (no keepOldLeaf,
 	// no CatchingUp).
 	serveAtOnce bool
+	// catchUpAtStart: a process's first read of a signing CA counts as
+	// the CA reaching its bundle now, whoever made it, so a new replica
+	// is CatchingUp for the propagation delay (a NotReady fleet at
+	// start; the bootstrap readiness the simulator checks, R1).
+	catchUpAtStart bool
 }
 
 // stepInput is what one check read.
@@ -215,7 +220,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// Zero: they had it from the start.
 		switch {
 		case in.last == nil:
-			if in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
+			if mutations.catchUpAtStart || in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
 				st.signingSince = now
 			}
 		case in.last.signing != nil && in.last.signing.Cert.Equal(st.signing.Cert):

@@ -389,6 +389,7 @@ var simMutations = []struct {
 	{"pasted-signs", "S2", "field trial 4 §3: a CA pasted into the Secret signs unobserved", false},
 	{"ignore-observers", "S2", "the observer check skipped", false},
 	{"serve-at-once", "S1", "a replica cut off while the others promoted a CA serves it at once to consumers that lack it", false},
+	{"catch-up-at-start", "R1", "a replica that lost the race to create the Secret catches up with its CA, NotReady for the delay", false},
 }
 
 // simMutate sets the package's mutations for m (trust-watch-forever is set
@@ -408,9 +409,11 @@ func simMutate(m simMutation) func() {
 		mutations.compromisedSigns = true
 	case "serve-at-once":
 		mutations.serveAtOnce = true
+	case "catch-up-at-start":
+		mutations.catchUpAtStart = true
 	}
 	return func() {
-		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns, serveAtOnce bool }{}
+		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns, serveAtOnce, catchUpAtStart bool }{}
 	}
 }
 
@@ -516,6 +519,8 @@ type simWorld struct {
 	// hsm is the key store's content (simKeyStore), by reference.
 	hsm        map[string]crypto.Signer
 	quietSince time.Time
+	// faulted: a fault of the plan has been injected (R1 holds before).
+	faulted bool
 	// unsafe are the CAs some replica counted as an unsafe rotation; the
 	// emergency successors sign by design before every client has them.
 	unsafe, emergency map[string]bool
@@ -1476,6 +1481,7 @@ func trustAt(h []simBundle, now time.Time, lag time.Duration) map[string]bool {
 
 func (w *simWorld) inject(f simFault) {
 	w.log("fault: %s", f)
+	w.faulted = true
 	if !f.routine() {
 		end := w.now.Add(f.Dur)
 		if f.Kind == "kill" {
@@ -2015,6 +2021,30 @@ func (w *simWorld) checkInvariants() {
 		for _, s := range w.slots {
 			if w.live(s.proc) && simFingerprints(s.proc.a.CurrentCABundleContent())[fp] {
 				w.fail("S3", "CA %s marked compromised %v ago is still in live replica r%d's bundle", short(fp), w.now.Sub(at), s.idx)
+				return
+			}
+		}
+	}
+	// R1: before any fault, every replica started with the run (a fresh
+	// cluster: no Secret, no Lease, all starting at once and racing to
+	// create the Secret) is ready once it has run for a check interval,
+	// and stays ready through the rotations: nothing was cut off, so no
+	// replica has a CA to catch up with (CatchingUp) and no clock is the
+	// suspect. L1 asks only that some replica be ready, once quiet for
+	// simSettle, longer than the shortest propagation delay: a replica
+	// wrongly catching up at start was ready again by then.
+	if !w.faulted {
+		for _, s := range w.slots {
+			p := s.proc
+			if p == nil || !w.alive(p) || !p.started.Equal(simEpoch) || w.now.Sub(p.started) < simCheck {
+				continue
+			}
+			if !w.mayBeReady(p) {
+				w.fail("R1", "r%d, started with the run and never faulted, serves no leaf %v after its start", s.idx, w.now.Sub(p.started))
+				return
+			}
+			if err := p.readiness.Check(nil); err != nil {
+				w.fail("R1", "r%d, started with the run and never faulted, is not ready %v after its start: %v", s.idx, w.now.Sub(p.started), err)
 				return
 			}
 		}

@@ -142,7 +142,10 @@ func TestE2EOperatorReplicas(t *testing.T) {
 	servedByVictim := l.servedBy(victim.name)
 
 	victim.start(t)
-	waitUntil(victim.name+" ready again after its restart", victim.routable.Load)
+	waitUntil(victim.name+" ready again after its restart", func() bool {
+		victim.retryLostPort(t) // its ports were free while it was down
+		return victim.routable.Load()
+	})
 	secret, err = admin.CoreV1().Secrets(operatorNS).Get(ctx, caSecret, metav1.GetOptions{})
 	require.NoError(t, err)
 	_, pending := secret.Data[authority.NextCertKey]
@@ -233,14 +236,25 @@ func startOperator(t *testing.T, args ...string) *operatorEnv {
 		r.start(t)
 		probes.Go(func() { r.probe(probeCtx) })
 	}
-	require.Eventually(t, func() bool {
+	// A replica that lost one of its ports to another process before
+	// binding it exits at once: it is started again on new ports
+	// (retryLostPort), and one that exits for another reason fails the
+	// test now, with its log, rather than after the wait.
+	for readyBy := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		all := true
 		for _, r := range env.reps {
-			if !r.routable.Load() {
-				return false
-			}
+			r.retryLostPort(t)
+			all = all && r.routable.Load()
 		}
-		return true
-	}, 2*time.Minute, 100*time.Millisecond, "the replicas did not all become ready (/readyz): %s", notReadyReasons(env.reps))
+		if all {
+			break
+		}
+		if time.Now().After(readyBy) {
+			// The reasons are read now: require.Eventually's message
+			// arguments were evaluated before any probe had run.
+			t.Fatalf("the replicas did not all become ready (/readyz) within 2m: %s", notReadyReasons(env.reps))
+		}
+	}
 	t.Logf("%d replicas ready %v after start", replicas, time.Since(env.began).Round(100*time.Millisecond))
 
 	// The kube-apiserver picks up the published caBundles from its own

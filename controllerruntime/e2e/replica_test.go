@@ -23,15 +23,22 @@ import (
 // temporary directory, printed when the test fails.
 type replica struct {
 	*backend
-	bin                                 string
-	args                                []string
-	webhookPort, metricsPort, probePort int
-	logPath                             string
+	bin     string
+	args    []string // without the ports (portArgs)
+	logPath string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan error // receives the exit once, then is closed
+	last   *run       // the last start
 	starts int
+	// portRetries counts the starts on new ports after a lost race for
+	// one (see retryLostPort).
+	portRetries int
+
+	// The ports, chosen free (freePorts) and changed only by retryLostPort.
+	portMu                              sync.Mutex
+	webhookPort, metricsPort, probePort int
 
 	// notReady is the last failed probe (a /readyz body, or the probe's
 	// error) and when, for failure messages.
@@ -39,28 +46,30 @@ type replica struct {
 	notReady   string
 }
 
-func freePort(t *testing.T) int {
+// freePorts returns n distinct TCP ports that were free on 127.0.0.1 a
+// moment ago: the listeners are held until all n are chosen, so they
+// differ (closed one by one, 9 ports chosen this way were two the same in
+// 0.5% of tries here). Another process may still take one before the
+// operator binds it: see retryLostPort.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 func newReplica(t *testing.T, bin, id string, args ...string) *replica {
-	r := &replica{
-		bin: bin, webhookPort: freePort(t), metricsPort: freePort(t), probePort: freePort(t),
-		logPath: t.TempDir() + "/" + id + ".log",
-	}
-	r.backend = &backend{name: id, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.webhookPort))}
-	r.args = append([]string{
-		"--replica-id=" + id,
-		"--webhook-host=127.0.0.1", "--webhook-port=" + strconv.Itoa(r.webhookPort),
-		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(r.metricsPort),
-		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(r.probePort),
-	}, args...)
+	r := &replica{bin: bin, logPath: t.TempDir() + "/" + id + ".log"}
+	r.backend = &backend{name: id}
+	r.pickPorts(t)
+	r.args = append([]string{"--replica-id=" + id, "--webhook-host=127.0.0.1"}, args...)
 	t.Cleanup(func() {
 		r.stop(t)
 		if t.Failed() {
@@ -68,6 +77,45 @@ func newReplica(t *testing.T, bin, id string, args ...string) *replica {
 		}
 	})
 	return r
+}
+
+// run is one start of the replica's process.
+type run struct {
+	// gone is closed when the process has exited; err is its exit, set
+	// before.
+	gone chan struct{}
+	err  error
+	// logFrom is where this start's output begins in the log.
+	logFrom int64
+}
+
+// pickPorts chooses the replica's three ports (freePorts) and points its
+// backend at the webhook port.
+func (r *replica) pickPorts(t *testing.T) {
+	t.Helper()
+	p := freePorts(t, 3)
+	webhook, metrics, probe := p[0], p[1], p[2]
+	r.portMu.Lock()
+	r.webhookPort, r.metricsPort, r.probePort = webhook, metrics, probe
+	r.portMu.Unlock()
+	r.backend.setAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(webhook)))
+}
+
+// ports returns the replica's webhook, metrics and probe ports.
+func (r *replica) ports() (webhook, metrics, probe int) {
+	r.portMu.Lock()
+	defer r.portMu.Unlock()
+	return r.webhookPort, r.metricsPort, r.probePort
+}
+
+// portArgs are the operator's flags for the replica's ports.
+func (r *replica) portArgs() []string {
+	webhook, metrics, probe := r.ports()
+	return []string{
+		"--webhook-port=" + strconv.Itoa(webhook),
+		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(metrics),
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(probe),
+	}
 }
 
 // start runs the operator binary; it dies with the test process
@@ -80,23 +128,69 @@ func (r *replica) start(t *testing.T) {
 	if err != nil {
 		t.Fatalf("replica %s: %v", r.name, err)
 	}
+	from, err := out.Seek(0, io.SeekEnd)
+	if err != nil {
+		out.Close()
+		t.Fatalf("replica %s: %v", r.name, err)
+	}
 	fmt.Fprintf(out, "=== start %d\n", r.starts)
-	cmd := exec.Command(r.bin, r.args...)
+	cmd := exec.Command(r.bin, append(r.portArgs(), r.args...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		t.Fatalf("starting replica %s: %v", r.name, err)
 	}
-	exited := make(chan error, 1)
+	exited, this := make(chan error, 1), &run{gone: make(chan struct{}), logFrom: from}
 	go func() {
 		err := cmd.Wait()
 		out.Close()
+		this.err = err
+		close(this.gone)
 		exited <- err
 		close(exited)
 	}()
-	r.cmd, r.exited = cmd, exited
+	r.cmd, r.exited, r.last = cmd, exited, this
 	r.starts++
+}
+
+// maxPortRetries bounds the starts on new ports (retryLostPort), as
+// testcluster bounds its own for etcd and kube-apiserver.
+const maxPortRetries = 3
+
+// retryLostPort checks the process of the replica's last start: still
+// running, it does nothing. Gone because a port it was given was taken
+// between freePorts choosing it and the operator binding it (another test's
+// process, the sibling test's cluster or replicas, any listener on the
+// machine: "address already in use" in that start's log), it is started
+// again on new ports, at most maxPortRetries times. Gone for any other
+// reason (or too often), the test fails at once with the start's log,
+// rather than waiting for a readiness that cannot come.
+func (r *replica) retryLostPort(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	last, stopped, retries, starts := r.last, r.cmd == nil, r.portRetries, r.starts
+	r.mu.Unlock()
+	if last == nil || stopped {
+		return // not started, or killed or stopped by the test
+	}
+	select {
+	case <-last.gone:
+	default:
+		return
+	}
+	log := logSince(r.logPath, last.logFrom)
+	if !strings.Contains(log, "address already in use") || retries >= maxPortRetries {
+		t.Fatalf("replica %s exited (%v) at its start %d, before the test stopped it; its log from that start:\n%s", r.name, last.err, starts, tailLines(log, 60))
+	}
+	webhook, metrics, probe := r.ports()
+	r.pickPorts(t)
+	r.mu.Lock()
+	r.portRetries++
+	r.cmd = nil
+	r.mu.Unlock()
+	t.Logf("replica %s lost a port to another process before binding it (webhook %d, metrics %d, probe %d: address already in use); starting it again on new ports", r.name, webhook, metrics, probe)
+	r.start(t)
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
@@ -162,7 +256,8 @@ func (r *replica) probe(ctx context.Context) {
 	defer tick.Stop()
 	failures := 0
 	for {
-		body, ok := r.get(ctx, r.probePort, "/readyz")
+		_, _, probePort := r.ports()
+		body, ok := r.get(ctx, probePort, "/readyz")
 		switch {
 		case ok:
 			failures = 0
@@ -204,7 +299,8 @@ func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64
 	var body string
 	var ok bool
 	for attempt := range 5 {
-		if body, ok = r.get(ctx, r.metricsPort, "/metrics"); ok || ctx.Err() != nil {
+		_, metricsPort, _ := r.ports()
+		if body, ok = r.get(ctx, metricsPort, "/metrics"); ok || ctx.Err() != nil {
 			break
 		}
 		time.Sleep(time.Duration(attempt+1) * time.Second)
@@ -239,11 +335,22 @@ func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64
 }
 
 func tailFile(path string, n int) string {
+	return tailLines(logSince(path, 0), n)
+}
+
+// logSince returns the file at path from offset from on (its error's text
+// if it cannot be read).
+func logSince(path string, from int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return string(b[min(from, int64(len(b))):])
+}
+
+// tailLines returns the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
