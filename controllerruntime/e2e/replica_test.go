@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	evercert "github.com/evercert/evercert/controllerruntime"
 )
 
 // replica is one operator process. Its output goes to a file in the test's
@@ -265,8 +267,15 @@ func (r *replica) probe(ctx context.Context) {
 		case ctx.Err() != nil:
 		default:
 			failures++
+			reason := strings.TrimSpace(body)
+			if strings.Contains(body, "reason withheld") {
+				// controller-runtime's /readyz names a failed check but
+				// withholds its error; the check's own path gives it.
+				detail, _ := r.get(ctx, probePort, "/readyz/"+evercert.CheckName)
+				reason += " (/readyz/" + evercert.CheckName + ": " + strings.TrimSpace(detail) + ")"
+			}
 			r.notReadyMu.Lock()
-			r.notReady = time.Now().Format("15:04:05.000") + " " + strings.TrimSpace(body)
+			r.notReady = time.Now().Format("15:04:05.000") + " " + reason
 			r.notReadyMu.Unlock()
 			if failures >= probeFailureThreshold {
 				r.routable.Store(false)
