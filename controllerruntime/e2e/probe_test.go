@@ -51,3 +51,43 @@ func TestProbeNamesWithheldReason(t *testing.T) {
 		t.Fatalf("the last failed probe does not say why: %q", got)
 	}
 }
+
+// TestProbeExitedReplicaNotRoutable: a replica whose process has exited is
+// not routable, although its probe port answers /readyz for another
+// process that took it (one a replica lost before binding it, or one a
+// killed replica left), as the kubelet takes a pod whose container exited
+// out of its Service at once.
+func TestProbeExitedReplicaNotRoutable(t *testing.T) {
+	impostor := http.NewServeMux()
+	impostor.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: impostor, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	// /bin/true stands in for an operator that exits at once: it ignores
+	// the flags start passes.
+	r := newReplica(t, "/bin/true", "replica-0")
+	r.portMu.Lock()
+	r.probePort = ln.Addr().(*net.TCPAddr).Port
+	r.portMu.Unlock()
+	r.start(t)
+	<-r.last.gone
+	r.mu.Lock()
+	r.cmd = nil // gone before the test stopped it: nothing for Cleanup to stop
+	r.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.probe(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for !r.routable.Load() && !strings.Contains(r.lastNotReady(), "exited") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r.routable.Load() {
+		t.Fatalf("replica %s is routable after its process exited: its probe port answered for another process", r.name)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -33,7 +34,10 @@ type replica struct {
 	cmd    *exec.Cmd
 	exited chan error // receives the exit once, then is closed
 	last   *run       // the last start
-	starts int
+	// running is last, for the probe, which must not wait on mu (stop
+	// holds it for up to 30 s).
+	running atomic.Pointer[run]
+	starts  int
 	// portRetries counts the starts on new ports after a lost race for
 	// one (see retryLostPort).
 	portRetries int
@@ -153,6 +157,7 @@ func (r *replica) start(t *testing.T) {
 		close(exited)
 	}()
 	r.cmd, r.exited, r.last = cmd, exited, this
+	r.running.Store(this)
 	r.starts++
 }
 
@@ -259,6 +264,22 @@ func (r *replica) probe(ctx context.Context) {
 	failures := 0
 	for {
 		_, _, probePort := r.ports()
+		if last := r.running.Load(); last != nil && last.exited() {
+			// A container that exits makes its pod NotReady at once, with
+			// no probe: its ports may meanwhile answer for another
+			// process (one that took a port it lost, see retryLostPort).
+			failures = probeFailureThreshold
+			r.routable.Store(false)
+			r.notReadyMu.Lock()
+			r.notReady = time.Now().Format("15:04:05.000") + " process exited: " + fmt.Sprint(last.err)
+			r.notReadyMu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			continue
+		}
 		body, ok := r.get(ctx, probePort, "/readyz")
 		switch {
 		case ok:
@@ -286,6 +307,16 @@ func (r *replica) probe(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// exited reports whether the process of this start has exited.
+func (s *run) exited() bool {
+	select {
+	case <-s.gone:
+		return true
+	default:
+		return false
 	}
 }
 
