@@ -70,7 +70,7 @@ func TestProbeExitedReplicaNotRoutable(t *testing.T) {
 
 	// /bin/true stands in for an operator that exits at once: it ignores
 	// the flags start passes.
-	r := newReplica(t, "/bin/true", "replica-0")
+	r := newReplica(t, "/bin/true", "replica-0", freePorts(t, 3))
 	r.portMu.Lock()
 	r.probePort = ln.Addr().(*net.TCPAddr).Port
 	r.portMu.Unlock()

@@ -71,10 +71,13 @@ func freePorts(t *testing.T, n int) []int {
 	return ports
 }
 
-func newReplica(t *testing.T, bin, id string, args ...string) *replica {
+// newReplica returns replica id of bin, not started, on ports (its
+// webhook, metrics and probe ports, from freePorts: the caller picks those
+// of all its replicas in one call, so that no two are the same).
+func newReplica(t *testing.T, bin, id string, ports []int, args ...string) *replica {
 	r := &replica{bin: bin, logPath: t.TempDir() + "/" + id + ".log"}
 	r.backend = &backend{name: id}
-	r.pickPorts(t)
+	r.setPorts(ports)
 	r.args = append([]string{"--replica-id=" + id, "--webhook-host=127.0.0.1"}, args...)
 	t.Cleanup(func() {
 		r.stop(t)
@@ -99,7 +102,12 @@ type run struct {
 // backend at the webhook port.
 func (r *replica) pickPorts(t *testing.T) {
 	t.Helper()
-	p := freePorts(t, 3)
+	r.setPorts(freePorts(t, 3))
+}
+
+// setPorts sets the replica's webhook, metrics and probe ports to p and
+// points its backend at the webhook port.
+func (r *replica) setPorts(p []int) {
 	webhook, metrics, probe := p[0], p[1], p[2]
 	r.portMu.Lock()
 	r.webhookPort, r.metricsPort, r.probePort = webhook, metrics, probe
