@@ -286,6 +286,10 @@ func TestE2EOperatorSteadyState(t *testing.T) {
 	time.Sleep(20 * time.Second)
 	before := sampleRequests(t, env.ctx, env.reps)
 	from := time.Now()
+	refusedBefore := make([]int64, len(env.reps))
+	for i, r := range env.reps {
+		refusedBefore[i] = r.refusals.Load()
+	}
 	notReady := map[string]string{}
 	for time.Since(from) < steadyWindow {
 		for _, r := range env.reps {
@@ -298,6 +302,11 @@ func TestE2EOperatorSteadyState(t *testing.T) {
 	after := sampleRequests(t, env.ctx, env.reps)
 	logRequests(t, env.reps, before, after, time.Since(from), "evercert's default lifetimes (7-day leaves, 56-day CAs), no rotation due")
 	assert.Empty(t, notReady, "replicas not ready during the measurement")
+	// The failure threshold hides a short blip from routable; a replica
+	// that said it was not ready even once is still a failure here.
+	for i, r := range env.reps {
+		assert.Zero(t, r.refusals.Load()-refusedBefore[i], "/readyz answers of %s naming a failed check during the measurement (last: %q)", r.name, r.lastNotReady())
+	}
 	require.NoError(t, env.load.iteration(env.ctx, 1, false), "a Widget after the measurement")
 }
 

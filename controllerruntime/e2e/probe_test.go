@@ -50,6 +50,10 @@ func TestProbeNamesWithheldReason(t *testing.T) {
 	if got := r.lastNotReady(); !strings.Contains(got, why) {
 		t.Fatalf("the last failed probe does not say why: %q", got)
 	}
+	// TestE2EOperatorSteadyState asserts none of these in its window.
+	if r.refusals.Load() == 0 {
+		t.Fatal("a /readyz answer naming a failed check is not counted in refusals")
+	}
 }
 
 // TestProbeExitedReplicaNotRoutable: a replica whose process has exited is

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	evercert "github.com/evercert/evercert/controllerruntime"
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 // replica is one operator process. Its output goes to a file in the test's
@@ -45,6 +46,11 @@ type replica struct {
 	// The ports, chosen free (freePorts) and changed only by retryLostPort.
 	portMu                              sync.Mutex
 	webhookPort, metricsPort, probePort int
+
+	// refusals counts the probes the replica answered with a failed
+	// check (not timeouts), which TestE2EOperatorSteadyState asserts
+	// none of during its measurement whatever the failure threshold.
+	refusals atomic.Int64
 
 	// notReady is the last failed probe (a /readyz body, or the probe's
 	// error) and when, for failure messages.
@@ -289,6 +295,12 @@ func (r *replica) probe(ctx context.Context) {
 			continue
 		}
 		body, ok := r.get(ctx, probePort, "/readyz")
+		if !ok && ctx.Err() == nil && strings.Contains(body, "[-]") {
+			// An answer that names a failed check (not a timeout or a
+			// refused connection, which a loaded machine makes): the
+			// replica itself said it is not ready.
+			r.refusals.Add(1)
+		}
 		switch {
 		case ok:
 			failures = 0
@@ -328,6 +340,9 @@ func (s *run) exited() bool {
 	}
 }
 
+// scrapeAttempts bounds the tries of one /metrics scrape.
+const scrapeAttempts = 4
+
 // probeFailureThreshold is the kubelet's default failureThreshold.
 const probeFailureThreshold = 3
 
@@ -346,12 +361,17 @@ func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64
 	// Prometheus would at its next interval; the counters lose nothing.
 	var body string
 	var ok bool
-	for attempt := range 5 {
+	retry := backoff.New(500*time.Millisecond, 4*time.Second)
+	for attempt := 1; ; attempt++ {
 		_, metricsPort, _ := r.ports()
-		if body, ok = r.get(ctx, metricsPort, "/metrics"); ok || ctx.Err() != nil {
+		if body, ok = r.get(ctx, metricsPort, "/metrics"); ok || attempt == scrapeAttempts {
 			break
 		}
-		time.Sleep(time.Duration(attempt+1) * time.Second)
+		select {
+		case <-ctx.Done():
+			return 0, nil, fmt.Errorf("replica %s /metrics: %w (last answer: %s)", r.name, ctx.Err(), body)
+		case <-time.After(retry.Next(nil)):
+		}
 	}
 	if !ok {
 		return 0, nil, fmt.Errorf("replica %s /metrics: %s", r.name, body)

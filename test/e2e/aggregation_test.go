@@ -190,7 +190,6 @@ func (r *apiServiceRecorder) stop() {
 // servingcertificates through the kube-apiserver: not one request may fail
 // although the serving leaf and CA rotate many times.
 func TestE2EAggregation(t *testing.T) {
-	t.Parallel() // reads no process-global metric: see main_test.go
 	const (
 		run      = 60 * time.Second
 		interval = 100 * time.Millisecond // 10 requests per second

@@ -182,7 +182,6 @@ func TestE2ESecretSource(t *testing.T) {
 // bundle as published in the Secret, handshaking with every replica through
 // several CA rotations.
 func TestE2EAuthorityReplicas(t *testing.T) {
-	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: "webhook"}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	setupNamespace(t, admin)
