@@ -202,7 +202,7 @@ func (r *replica) retryLostPort(t *testing.T) {
 	}
 	log := logSince(r.logPath, last.logFrom)
 	if !strings.Contains(log, "address already in use") || retries >= maxPortRetries {
-		t.Fatalf("replica %s exited (%v) at its start %d, before the test stopped it; its log from that start:\n%s", r.name, last.err, starts, tailLines(log, 60))
+		t.Fatalf("replica %s exited (%v) at its start %d, before the test stopped it; its log from that start:\n%s", r.name, last.err, starts-1, tailLines(log, 60))
 	}
 	webhook, metrics, probe := r.ports()
 	r.pickPorts(t)
