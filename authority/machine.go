@@ -93,6 +93,12 @@ var mutations struct {
 	// is CatchingUp for the propagation delay (a NotReady fleet at
 	// start; the bootstrap readiness the simulator checks, R1).
 	catchUpAtStart bool
+	// catchUpAfter: like catchUpAtStart, but only for a process whose
+	// first read comes after this time (a restart or a rollout, not the
+	// fleet's start): the restarted replica is CatchingUp for the
+	// propagation delay, which R1 (start only) and L1 (some replica
+	// ready) do not see and R1' does. Zero: off.
+	catchUpAfter time.Time
 }
 
 // stepInput is what one check read.
@@ -220,7 +226,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// Zero: they had it from the start.
 		switch {
 		case in.last == nil:
-			if mutations.catchUpAtStart || in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
+			if mutations.catchUpAtStart || !mutations.catchUpAfter.IsZero() && now.After(mutations.catchUpAfter) || in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
 				st.signingSince = now
 			}
 		case in.last.signing != nil && in.last.signing.Cert.Equal(st.signing.Cert):
