@@ -424,6 +424,9 @@ func simMutate(m simMutation) func() {
 // simStats counts what a run did.
 type simStats struct {
 	events, checks, leaseWrites int
+	// r2Procs counts the processes R2 judged: it shows the runs reach
+	// the restarts it is about.
+	r2Procs int
 	// gaps counts, per open gap (simGaps), the runs that reached it.
 	gaps map[string]int
 }
@@ -642,7 +645,9 @@ type simProc struct {
 	// the run's start, if R2 judges it: only routine faults so far and
 	// the CA had signed for longer than the propagation delay. "" when
 	// R2 does not judge it.
-	r2CA       string
+	r2CA string
+	// r2Judged: R2 has judged this process (simStats.r2Procs).
+	r2Judged   bool
 	backingOff bool
 	// delivered: the last watch delivery per object (fifo).
 	delivered map[string]time.Time
@@ -2090,6 +2095,10 @@ func (w *simWorld) checkInvariants() {
 			if p == nil || p.r2CA == "" || p.r2CA != w.lastSigning || !w.alive(p) || w.now.Sub(p.started) < simCheck {
 				continue
 			}
+			if !p.r2Judged {
+				p.r2Judged = true
+				w.stats.r2Procs++
+			}
 			if !w.mayBeReady(p) {
 				w.fail("R2", "r%d, started %v into the run with only routine faults, serves no leaf %v after its start", s.idx, p.started.Sub(simEpoch), w.now.Sub(p.started))
 				return
@@ -2289,6 +2298,7 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 				total.events += st.events
 				total.checks += st.checks
 				total.leaseWrites += st.leaseWrites
+				total.r2Procs += st.r2Procs
 				if total.gaps == nil {
 					total.gaps = map[string]int{}
 				}
@@ -2330,7 +2340,7 @@ func TestSimulate(t *testing.T) {
 	start := time.Now()
 	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
 	elapsed := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.gaps)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.gaps)
 	if v != nil {
 		shrunk := simShrink(*plan, "", v.Invariant)
 		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)
