@@ -52,8 +52,8 @@ test-budget:
 
 ## test-sim: the seeded simulator (authority/simulate_test.go), without
 ## -race: R real Authority replicas (1-10) on simulated clocks and a
-## simulated API server, faults drawn from each seed, invariants S1-S3, V1
-## and L1 checked after every event (docs/architecture.md, "Simulator").
+## simulated API server, faults drawn from each seed, invariants S1-S3, V1,
+## L1, R1 and R2 checked after every event (docs/architecture.md, "Simulator").
 ## SIM_SEEDS seeds of every fault kind but hand edits and a publisher that
 ## stops alone; then each mutation of the rules (the old ones field trial 4
 ## found) must be caught from seed 1 on, and the open gaps still reached.
