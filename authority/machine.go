@@ -97,7 +97,7 @@ var mutations struct {
 	// first read comes after this time (a restart or a rollout, not the
 	// fleet's start): the restarted replica is CatchingUp for the
 	// propagation delay, which R1 (start only) and L1 (some replica
-	// ready) do not see and R1' does. Zero: off.
+	// ready) do not see and R2 does. Zero: off.
 	catchUpAfter time.Time
 }
 
