@@ -97,6 +97,14 @@ type secretReads struct {
 	got     *corev1.Secret
 	gotSet  bool
 	gotOver string
+	// events counts observed calls. gotAt is the events and the watch's
+	// Deliveries counted before the read that set got looked at the cache:
+	// got is returned only while neither moved. A version of the cache
+	// can recur (no Secret: a peer's create and delete, during the GET or
+	// skipped by a relist), so gotOver alone does not show that the cache
+	// did not move.
+	events uint64
+	gotAt  [2]uint64
 	// confirmed is when a GET last found what the cache holds.
 	confirmed time.Time
 	// fresh is when a GET last answered (the Secret, or NotFound), or the
@@ -151,6 +159,7 @@ func (r *secretReads) observed(secret *corev1.Secret) {
 	if r.awaiting && (r.awaitRV == "" || secret != nil && secret.ResourceVersion == r.awaitRV || secret == nil && r.awaitRV == absentRV) {
 		r.awaiting, r.got, r.gotSet = false, nil, false
 	}
+	r.events++
 }
 
 // wrote records a successful write; failed a write that failed or
@@ -185,7 +194,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 		r.fresh = now // the bound starts with the first read
 	}
 	r.mu.Unlock()
-	cached, inCache, synced, ok := r.fromCache(namespace, name, now)
+	cached, inCache, synced, seen, ok := r.fromCache(namespace, name, now)
 	if ok {
 		if !inCache {
 			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
@@ -210,7 +219,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 			// what this check saw: a replica that had seen a peer's
 			// successor took the lagging cache for a rollback and wrote
 			// its CAs back (TestAdoptCertControllerSecret, 1 run in 200).
-			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver = true, secret.ResourceVersion, secret, true, rvOrAbsent(cached)
+			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver, r.gotAt = true, secret.ResourceVersion, secret, true, rvOrAbsent(cached), seen
 		}
 	case apierrors.IsNotFound(err):
 		r.mustGet, r.staleRV, r.fresh = false, "", now
@@ -224,7 +233,7 @@ func (r *secretReads) read(ctx context.Context, namespace, name string) (*corev1
 			// The API server is ahead of the cache: the Secret it holds
 			// was deleted. Deciding on it next would undo what this
 			// check saw, as for a GET that reads a newer version.
-			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver = true, absentRV, nil, true, rvOrAbsent(cached)
+			r.awaiting, r.awaitRV, r.got, r.gotSet, r.gotOver, r.gotAt = true, absentRV, nil, true, rvOrAbsent(cached), seen
 		}
 	default:
 		// A GET that fails changes nothing the cache depends on: the reason
@@ -256,18 +265,23 @@ func latest(a, b time.Time) time.Time {
 // fromCache returns the cached Secret (inCache: it exists), whether the
 // cache has synced, and whether the cache may be used at now; cached is
 // set whenever the cache holds one.
-func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *corev1.Secret, inCache, synced, ok bool) {
+func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *corev1.Secret, inCache, synced bool, seen [2]uint64, ok bool) {
+	// Counted before the cache is read: a change of the cache this read
+	// does not see is counted after.
+	r.mu.Lock()
+	seen = [2]uint64{r.events, r.src.Deliveries()}
+	r.mu.Unlock()
 	view := r.src.Cache.Load()
 	if view == nil || !view.Synced() {
-		return nil, false, false, false
+		return nil, false, false, seen, false
 	}
 	obj, inCache, err := view.Store.GetByKey(namespace + "/" + name)
 	if err != nil {
-		return nil, false, false, false
+		return nil, false, false, seen, false
 	}
 	if inCache {
 		if cached, _ = obj.(*corev1.Secret); cached == nil {
-			return nil, false, false, false
+			return nil, false, false, seen, false
 		}
 	}
 	r.mu.Lock()
@@ -289,7 +303,7 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 		switch {
 		case inCache && r.awaitRV != "" && cached.ResourceVersion == r.awaitRV || !inCache && r.awaitRV == absentRV:
 			r.awaiting, r.got, r.gotSet = false, nil, false
-		case r.gotSet && rvOrAbsent(cached) == r.gotOver:
+		case r.gotSet && rvOrAbsent(cached) == r.gotOver && r.gotAt == [2]uint64{r.events, r.src.Deliveries()}:
 			// A GET read a version the cache does not show yet, and the
 			// cache has not moved since: that is the newest this replica
 			// knows, and costs no request.
@@ -299,5 +313,5 @@ func (r *secretReads) fromCache(namespace, name string, now time.Time) (cached *
 		}
 	}
 	r.mu.Unlock()
-	return cached, inCache, true, use
+	return cached, inCache, true, seen, use
 }

@@ -69,17 +69,13 @@ func TestAGetAheadOfTheCacheIsNotUndoneByIt(t *testing.T) {
 // a GET that finds no Secret agrees with the cache. Reads use the cache
 // again rather than GET at every check until the Secret is recreated.
 func TestADeletedSecretEndsTheWaitForAVersion(t *testing.T) {
-	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
-	r.failed("8")
-	got, err := r.read(context.Background(), "ns", "ca")
-	require.NoError(t, err)
-	require.Equal(t, "10", got.ResourceVersion)
+	client, store, src, r := getAheadOfCache(t)
 
 	require.NoError(t, client.CoreV1().Secrets("ns").Delete(context.Background(), "ca", metav1.DeleteOptions{}))
 	require.NoError(t, store.Delete(rvSecret("8")))
 	r.observed(nil)
 	src.MarkDelivered()
-	_, err = r.read(context.Background(), "ns", "ca")
+	_, err := r.read(context.Background(), "ns", "ca")
 	require.True(t, apierrors.IsNotFound(err), "%v", err)
 
 	client.ClearActions()
@@ -125,6 +121,19 @@ func rvSecret(rv string) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ca", ResourceVersion: rv}}
 }
 
+// getAheadOfCache returns cachedReads with version 10 on the API server and
+// 8 in the cache, after a refused write based on 8 and the GET that read
+// 10: reads now wait for the cache to show 10.
+func getAheadOfCache(t *testing.T) (*fake.Clientset, cache.Store, *secretwatch.Source, *secretReads) {
+	t.Helper()
+	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
+	r.failed("8")
+	got, err := r.read(context.Background(), "ns", "ca")
+	require.NoError(t, err)
+	require.Equal(t, "10", got.ResourceVersion, "the read after a refused write is a GET")
+	return client, store, src, r
+}
+
 // cachedReads returns secretReads over a synced watch cache holding the
 // Secret at cacheRV, the API server holding onAPI (nil: none).
 func cachedReads(t *testing.T, onAPI *corev1.Secret, cacheRV string) (*fake.Clientset, cache.Store, *secretwatch.Source, *secretReads) {
@@ -147,17 +156,13 @@ func cachedReads(t *testing.T, onAPI *corev1.Secret, cacheRV string) (*fake.Clie
 // showing 10. Versions are not ordered, so the read after it neither
 // returns 10 (older than the cache) nor 11 unconfirmed: it GETs.
 func TestACacheThatMovesOnIsNotOrderedAgainstAGet(t *testing.T) {
-	client, store, src, r := cachedReads(t, rvSecret("10"), "8")
-	r.failed("8")
-	got, err := r.read(context.Background(), "ns", "ca")
-	require.NoError(t, err)
-	require.Equal(t, "10", got.ResourceVersion)
+	client, store, src, r := getAheadOfCache(t)
 
 	require.NoError(t, client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("secrets"), rvSecret("11"), "ns"))
 	require.NoError(t, store.Update(rvSecret("11")))
 	src.MarkDelivered() // a relist: 11, never 10
 	client.ClearActions()
-	got, err = r.read(context.Background(), "ns", "ca")
+	got, err := r.read(context.Background(), "ns", "ca")
 	require.NoError(t, err)
 	require.Equal(t, "11", got.ResourceVersion)
 	require.Len(t, client.Actions(), 1, "the cache moved past the version the GET read: the read is a GET")

@@ -91,6 +91,17 @@ var mutations struct {
 	// CA serves a leaf of it at once and says it is ready (no keepOldLeaf,
 	// no CatchingUp).
 	serveAtOnce bool
+	// catchUpAtStart: a process's first read of a signing CA counts as
+	// the CA reaching its bundle now, whoever made it, so a new replica
+	// is CatchingUp for the propagation delay (a NotReady fleet at
+	// start; the bootstrap readiness the simulator checks, R1).
+	catchUpAtStart bool
+	// catchUpAfter: like catchUpAtStart, but only for a process whose
+	// first read comes after this time (a restart or a rollout, not the
+	// fleet's start): the restarted replica is CatchingUp for the
+	// propagation delay, which R1 (start only) and L1 (some replica
+	// ready) do not see and R2 does. Zero: off.
+	catchUpAfter time.Time
 }
 
 // stepInput is what one check read.
@@ -246,7 +257,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// Zero: they had it from the start.
 		switch {
 		case in.last == nil:
-			if in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
+			if mutations.catchUpAtStart || !mutations.catchUpAfter.IsZero() && now.After(mutations.catchUpAfter) || in.consumersMayLack != nil && in.consumersMayLack(st.signing.Cert) {
 				st.signingSince = now
 			}
 		case in.last.signing != nil && in.last.signing.Cert.Equal(st.signing.Cert):

@@ -389,12 +389,15 @@ var simMutations = []struct {
 	{"pasted-signs", "S2", "field trial 4 §3: a CA pasted into the Secret signs unobserved", false},
 	{"ignore-observers", "S2", "the observer check skipped", false},
 	{"serve-at-once", "S1", "a replica cut off while the others promoted a CA serves it at once to consumers that lack it", false},
+	{"catch-up-at-start", "R1", "a replica that lost the race to create the Secret catches up with its CA, NotReady for the delay", false},
+	{"catch-up-at-restart", "R2", "a replica restarted or rolled out after the start catches up with a CA every bundle has held for longer than the delay, NotReady for the delay", false},
 }
 
 // simMutate sets the package's mutations for m (trust-watch-forever is set
 // per process, in start) and returns the undo. Not safe while other
 // simulations run.
 func simMutate(m simMutation) func() {
+	saved := mutations
 	switch m {
 	case "delay-from-start":
 		mutations.delayFromStart = true
@@ -408,15 +411,22 @@ func simMutate(m simMutation) func() {
 		mutations.compromisedSigns = true
 	case "serve-at-once":
 		mutations.serveAtOnce = true
+	case "catch-up-at-start":
+		mutations.catchUpAtStart = true
+	case "catch-up-at-restart":
+		// After the fleet's start (R1's ground), early enough that
+		// restarts and rollouts come after it.
+		mutations.catchUpAfter = simEpoch.Add(2 * time.Minute)
 	}
-	return func() {
-		mutations = struct{ delayFromStart, pastedSigns, brokenSilent, ignoreObservers, compromisedSigns, serveAtOnce bool }{}
-	}
+	return func() { mutations = saved }
 }
 
 // simStats counts what a run did.
 type simStats struct {
 	events, checks, leaseWrites int
+	// r2Procs counts the processes R2 judged: it shows the runs reach
+	// the restarts it is about.
+	r2Procs int
 	// gaps counts, per open gap (simGaps), the runs that reached it.
 	gaps map[string]int
 }
@@ -516,6 +526,14 @@ type simWorld struct {
 	// hsm is the key store's content (simKeyStore), by reference.
 	hsm        map[string]crypto.Signer
 	quietSince time.Time
+	// faulted: a fault of the plan has been injected (R1 holds before).
+	faulted bool
+	// unquiet: a fault other than a routine one (simFault.routine) has
+	// been injected; R2 holds before.
+	unquiet bool
+	// signingSince is when the Secret's signing CA (lastSigning) became
+	// it: created, promoted, restored or pasted (R2).
+	signingSince time.Time
 	// unsafe are the CAs some replica counted as an unsafe rotation; the
 	// emergency successors sign by design before every client has them.
 	unsafe, emergency map[string]bool
@@ -623,7 +641,14 @@ type simProc struct {
 	// gapSamePodRestart).
 	samePod, ownLease bool
 	started           time.Time
-	backingOff        bool
+	// r2CA is the Secret's signing CA when this process started after
+	// the run's start, if R2 judges it: only routine faults so far and
+	// the CA had signed for longer than the propagation delay. "" when
+	// R2 does not judge it.
+	r2CA string
+	// r2Judged: R2 has judged this process (simStats.r2Procs).
+	r2Judged   bool
+	backingOff bool
 	// delivered: the last watch delivery per object (fifo).
 	delivered map[string]time.Time
 	// held: watch deliveries that came while the process was paused, in
@@ -779,6 +804,9 @@ func (w *simWorld) start(s *simSlot) {
 	a.store.src.MarkDelivered()
 	a.replicas.woke()
 	s.proc = p
+	if !w.now.Equal(simEpoch) && !w.unquiet && w.lastSigning != "" && w.now.Sub(w.signingSince) > cfg.PropagationDelay {
+		p.r2CA = w.lastSigning
+	}
 	w.log("r%d starts as %s", s.idx, s.id)
 	w.queueCheck(p, w.now)
 	w.queueWrite(p, w.now)
@@ -1476,7 +1504,9 @@ func trustAt(h []simBundle, now time.Time, lag time.Duration) map[string]bool {
 
 func (w *simWorld) inject(f simFault) {
 	w.log("fault: %s", f)
+	w.faulted = true
 	if !f.routine() {
+		w.unquiet = true
 		end := w.now.Add(f.Dur)
 		if f.Kind == "kill" {
 			end = end.Add(w.plan.cfg().PropagationDelay)
@@ -1921,7 +1951,7 @@ func (w *simWorld) checkInvariants() {
 	w.parse()
 	if w.parsedSign != nil {
 		if fp := w.parsedSignFP; fp != w.lastSigning {
-			w.lastSigning = fp
+			w.lastSigning, w.signingSince = fp, w.now
 		}
 	}
 	quiet := w.now.Sub(w.quietSince)
@@ -2015,6 +2045,66 @@ func (w *simWorld) checkInvariants() {
 		for _, s := range w.slots {
 			if w.live(s.proc) && simFingerprints(s.proc.a.CurrentCABundleContent())[fp] {
 				w.fail("S3", "CA %s marked compromised %v ago is still in live replica r%d's bundle", short(fp), w.now.Sub(at), s.idx)
+				return
+			}
+		}
+	}
+	// R1: before any fault, every replica started with the run (a fresh
+	// cluster: no Secret, no Lease, all starting at once and racing to
+	// create the Secret) is ready once it has run for a check interval,
+	// and stays ready through the rotations: nothing was cut off, so no
+	// replica has a CA to catch up with (CatchingUp) and no clock is the
+	// suspect. L1 asks only that some replica be ready, once quiet for
+	// simSettle, longer than the shortest propagation delay: a replica
+	// wrongly catching up at start was ready again by then.
+	if !w.faulted {
+		for _, s := range w.slots {
+			p := s.proc
+			if p == nil || !w.alive(p) || !p.started.Equal(simEpoch) || w.now.Sub(p.started) < simCheck {
+				continue
+			}
+			if !w.mayBeReady(p) {
+				w.fail("R1", "r%d, started with the run and never faulted, serves no leaf %v after its start", s.idx, w.now.Sub(p.started))
+				return
+			}
+			if err := p.readiness.Check(nil); err != nil {
+				w.fail("R1", "r%d, started with the run and never faulted, is not ready %v after its start: %v", s.idx, w.now.Sub(p.started), err)
+				return
+			}
+		}
+	}
+	// R2 (R1 for processes started later): while every fault so far is
+	// routine (graceful stops and rollouts, same or new identity), a
+	// process started after the run's start, when the Secret's signing
+	// CA had signed for longer than the propagation delay, is ready once
+	// it has run for a check interval and stays ready while that CA
+	// signs. Such a CA was in every live replica's bundle, and every
+	// observer's, before it signed (the delay and the observer check),
+	// and the first CA in every bundle from the start: no consumer can
+	// lack it, so CatchingUp has no cause, and without clock, pause,
+	// API, Secret or key faults neither has ClockSkew, LeafExpired or
+	// Stalled. Conservative by construction: any other fault ends R2
+	// for the run, and a rotation after the process's start ends it for
+	// the process (its reading of the successor may lag the others').
+	// R1 sees only the processes started with the run, L1 only that
+	// some replica be ready: a restarted replica NotReady for the delay
+	// passes both.
+	if !w.unquiet {
+		for _, s := range w.slots {
+			p := s.proc
+			if p == nil || p.r2CA == "" || p.r2CA != w.lastSigning || !w.alive(p) || w.now.Sub(p.started) < simCheck {
+				continue
+			}
+			if !p.r2Judged {
+				p.r2Judged = true
+				w.stats.r2Procs++
+			}
+			if !w.mayBeReady(p) {
+				w.fail("R2", "r%d, started %v into the run with only routine faults, serves no leaf %v after its start", s.idx, p.started.Sub(simEpoch), w.now.Sub(p.started))
+				return
+			}
+			if err := p.readiness.Check(nil); err != nil {
+				w.fail("R2", "r%d, started %v into the run with only routine faults, is not ready %v after its start: %v", s.idx, p.started.Sub(simEpoch), w.now.Sub(p.started), err)
 				return
 			}
 		}
@@ -2208,6 +2298,7 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 				total.events += st.events
 				total.checks += st.checks
 				total.leaseWrites += st.leaseWrites
+				total.r2Procs += st.r2Procs
 				if total.gaps == nil {
 					total.gaps = map[string]int{}
 				}
@@ -2249,7 +2340,7 @@ func TestSimulate(t *testing.T) {
 	start := time.Now()
 	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
 	elapsed := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.gaps)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.gaps)
 	if v != nil {
 		shrunk := simShrink(*plan, "", v.Invariant)
 		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)

@@ -28,7 +28,7 @@ E2E_PKGS = $(shell go list -tags e2e -f '{{range .TestGoFiles}}{{$$.Dir}}/{{.}} 
 
 test-e2e: kube-bin
 	@pkgs="$(E2E_PKGS)"; test -n "$$pkgs" || { echo "test-e2e: no package with TestE2E tests found"; exit 1; }; echo "test-e2e: $$pkgs"
-	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/e2e.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -race -tags e2e -count=1 -timeout 30m -run '^TestE2E' -skip '^TestE2EBudget' $(E2E_PKGS)
+	$(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/e2e.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin go test -race -tags e2e -count=1 -parallel 2 -timeout 30m -run '^TestE2E' -skip '^TestE2EBudget' $(E2E_PKGS)
 
 BUDGET_TESTS := TestE2EBudgetAtRestAndRotation TestE2EBudgetAPF
 test-budget-e2e: kube-bin

@@ -16,10 +16,13 @@ import (
 // replica's /readyz, as the kubelet's readiness probe would.
 type backend struct {
 	name     string
-	addr     string
+	addr     atomic.Pointer[string] // host:port; set again when the replica moves to new ports
 	routable atomic.Bool
 	conns    atomic.Int64 // connections the proxy sent to it
 }
+
+// setAddr points the backend at host:port addr.
+func (b *backend) setAddr(addr string) { b.addr.Store(&addr) }
 
 // roundRobin is a TCP proxy on 127.0.0.1 that stands in for the operator's
 // Service: the kube-apiserver calls one address, and each connection goes
@@ -92,7 +95,7 @@ func (p *roundRobin) dial() (net.Conn, *backend) {
 		if !b.routable.Load() {
 			continue
 		}
-		c, err := net.DialTimeout("tcp", b.addr, 2*time.Second)
+		c, err := net.DialTimeout("tcp", *b.addr.Load(), 2*time.Second)
 		if err != nil {
 			continue
 		}

@@ -14,24 +14,43 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	evercert "github.com/evercert/evercert/controllerruntime"
+	"github.com/evercert/evercert/internal/backoff"
 )
 
 // replica is one operator process. Its output goes to a file in the test's
 // temporary directory, printed when the test fails.
 type replica struct {
 	*backend
-	bin                                 string
-	args                                []string
-	webhookPort, metricsPort, probePort int
-	logPath                             string
+	bin     string
+	args    []string // without the ports (portArgs)
+	logPath string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan error // receives the exit once, then is closed
-	starts int
+	last   *run       // the last start
+	// running is last, for the probe, which must not wait on mu (stop
+	// holds it for up to 30 s).
+	running atomic.Pointer[run]
+	starts  int
+	// portRetries counts the starts on new ports after a lost race for
+	// one (see retryLostPort).
+	portRetries int
+
+	// The ports, chosen free (freePorts) and changed only by retryLostPort.
+	portMu                              sync.Mutex
+	webhookPort, metricsPort, probePort int
+
+	// refusals counts the probes the replica answered with a failed
+	// check (not timeouts), which TestE2EOperatorSteadyState asserts
+	// none of during its measurement whatever the failure threshold.
+	refusals atomic.Int64
 
 	// notReady is the last failed probe (a /readyz body, or the probe's
 	// error) and when, for failure messages.
@@ -39,28 +58,33 @@ type replica struct {
 	notReady   string
 }
 
-func freePort(t *testing.T) int {
+// freePorts returns n distinct TCP ports that were free on 127.0.0.1 a
+// moment ago: the listeners are held until all n are chosen, so they
+// differ (closed one by one, 9 ports chosen this way were two the same in
+// 0.5% of tries here). Another process may still take one before the
+// operator binds it: see retryLostPort.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
-func newReplica(t *testing.T, bin, id string, args ...string) *replica {
-	r := &replica{
-		bin: bin, webhookPort: freePort(t), metricsPort: freePort(t), probePort: freePort(t),
-		logPath: t.TempDir() + "/" + id + ".log",
-	}
-	r.backend = &backend{name: id, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.webhookPort))}
-	r.args = append([]string{
-		"--replica-id=" + id,
-		"--webhook-host=127.0.0.1", "--webhook-port=" + strconv.Itoa(r.webhookPort),
-		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(r.metricsPort),
-		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(r.probePort),
-	}, args...)
+// newReplica returns replica id of bin, not started, on ports (its
+// webhook, metrics and probe ports, from freePorts: the caller picks those
+// of all its replicas in one call, so that no two are the same).
+func newReplica(t *testing.T, bin, id string, ports []int, args ...string) *replica {
+	r := &replica{bin: bin, logPath: t.TempDir() + "/" + id + ".log"}
+	r.backend = &backend{name: id}
+	r.setPorts(ports)
+	r.args = append([]string{"--replica-id=" + id, "--webhook-host=127.0.0.1"}, args...)
 	t.Cleanup(func() {
 		r.stop(t)
 		if t.Failed() {
@@ -68,6 +92,50 @@ func newReplica(t *testing.T, bin, id string, args ...string) *replica {
 		}
 	})
 	return r
+}
+
+// run is one start of the replica's process.
+type run struct {
+	// gone is closed when the process has exited; err is its exit, set
+	// before.
+	gone chan struct{}
+	err  error
+	// logFrom is where this start's output begins in the log.
+	logFrom int64
+}
+
+// pickPorts chooses the replica's three ports (freePorts) and points its
+// backend at the webhook port.
+func (r *replica) pickPorts(t *testing.T) {
+	t.Helper()
+	r.setPorts(freePorts(t, 3))
+}
+
+// setPorts sets the replica's webhook, metrics and probe ports to p and
+// points its backend at the webhook port.
+func (r *replica) setPorts(p []int) {
+	webhook, metrics, probe := p[0], p[1], p[2]
+	r.portMu.Lock()
+	r.webhookPort, r.metricsPort, r.probePort = webhook, metrics, probe
+	r.portMu.Unlock()
+	r.backend.setAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(webhook)))
+}
+
+// ports returns the replica's webhook, metrics and probe ports.
+func (r *replica) ports() (webhook, metrics, probe int) {
+	r.portMu.Lock()
+	defer r.portMu.Unlock()
+	return r.webhookPort, r.metricsPort, r.probePort
+}
+
+// portArgs are the operator's flags for the replica's ports.
+func (r *replica) portArgs() []string {
+	webhook, metrics, probe := r.ports()
+	return []string{
+		"--webhook-port=" + strconv.Itoa(webhook),
+		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(metrics),
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(probe),
+	}
 }
 
 // start runs the operator binary; it dies with the test process
@@ -80,23 +148,70 @@ func (r *replica) start(t *testing.T) {
 	if err != nil {
 		t.Fatalf("replica %s: %v", r.name, err)
 	}
+	from, err := out.Seek(0, io.SeekEnd)
+	if err != nil {
+		out.Close()
+		t.Fatalf("replica %s: %v", r.name, err)
+	}
 	fmt.Fprintf(out, "=== start %d\n", r.starts)
-	cmd := exec.Command(r.bin, r.args...)
+	cmd := exec.Command(r.bin, append(r.portArgs(), r.args...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		t.Fatalf("starting replica %s: %v", r.name, err)
 	}
-	exited := make(chan error, 1)
+	exited, this := make(chan error, 1), &run{gone: make(chan struct{}), logFrom: from}
 	go func() {
 		err := cmd.Wait()
 		out.Close()
+		this.err = err
+		close(this.gone)
 		exited <- err
 		close(exited)
 	}()
-	r.cmd, r.exited = cmd, exited
+	r.cmd, r.exited, r.last = cmd, exited, this
+	r.running.Store(this)
 	r.starts++
+}
+
+// maxPortRetries bounds the starts on new ports (retryLostPort), as
+// testcluster bounds its own for etcd and kube-apiserver.
+const maxPortRetries = 3
+
+// retryLostPort checks the process of the replica's last start: still
+// running, it does nothing. Gone because a port it was given was taken
+// between freePorts choosing it and the operator binding it (another test's
+// process, the sibling test's cluster or replicas, any listener on the
+// machine: "address already in use" in that start's log), it is started
+// again on new ports, at most maxPortRetries times. Gone for any other
+// reason (or too often), the test fails at once with the start's log,
+// rather than waiting for a readiness that cannot come.
+func (r *replica) retryLostPort(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	last, stopped, retries, starts := r.last, r.cmd == nil, r.portRetries, r.starts
+	r.mu.Unlock()
+	if last == nil || stopped {
+		return // not started, or killed or stopped by the test
+	}
+	select {
+	case <-last.gone:
+	default:
+		return
+	}
+	log := logSince(r.logPath, last.logFrom)
+	if !strings.Contains(log, "address already in use") || retries >= maxPortRetries {
+		t.Fatalf("replica %s exited (%v) at its start %d, before the test stopped it; its log from that start:\n%s", r.name, last.err, starts-1, tailLines(log, 60))
+	}
+	webhook, metrics, probe := r.ports()
+	r.pickPorts(t)
+	r.mu.Lock()
+	r.portRetries++
+	r.cmd = nil
+	r.mu.Unlock()
+	t.Logf("replica %s lost a port to another process before binding it (webhook %d, metrics %d, probe %d: address already in use); starting it again on new ports", r.name, webhook, metrics, probe)
+	r.start(t)
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
@@ -162,7 +277,30 @@ func (r *replica) probe(ctx context.Context) {
 	defer tick.Stop()
 	failures := 0
 	for {
-		body, ok := r.get(ctx, r.probePort, "/readyz")
+		_, _, probePort := r.ports()
+		if last := r.running.Load(); last != nil && last.exited() {
+			// A container that exits makes its pod NotReady at once, with
+			// no probe: its ports may meanwhile answer for another
+			// process (one that took a port it lost, see retryLostPort).
+			failures = probeFailureThreshold
+			r.routable.Store(false)
+			r.notReadyMu.Lock()
+			r.notReady = time.Now().Format("15:04:05.000") + " process exited: " + fmt.Sprint(last.err)
+			r.notReadyMu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			continue
+		}
+		body, ok := r.get(ctx, probePort, "/readyz")
+		if !ok && ctx.Err() == nil && strings.Contains(body, "[-]") {
+			// An answer that names a failed check (not a timeout or a
+			// refused connection, which a loaded machine makes): the
+			// replica itself said it is not ready.
+			r.refusals.Add(1)
+		}
 		switch {
 		case ok:
 			failures = 0
@@ -170,8 +308,15 @@ func (r *replica) probe(ctx context.Context) {
 		case ctx.Err() != nil:
 		default:
 			failures++
+			reason := strings.TrimSpace(body)
+			if strings.Contains(body, "reason withheld") {
+				// controller-runtime's /readyz names a failed check but
+				// withholds its error; the check's own path gives it.
+				detail, _ := r.get(ctx, probePort, "/readyz/"+evercert.CheckName)
+				reason += " (/readyz/" + evercert.CheckName + ": " + strings.TrimSpace(detail) + ")"
+			}
 			r.notReadyMu.Lock()
-			r.notReady = time.Now().Format("15:04:05.000") + " " + strings.TrimSpace(body)
+			r.notReady = time.Now().Format("15:04:05.000") + " " + reason
 			r.notReadyMu.Unlock()
 			if failures >= probeFailureThreshold {
 				r.routable.Store(false)
@@ -184,6 +329,19 @@ func (r *replica) probe(ctx context.Context) {
 		}
 	}
 }
+
+// exited reports whether the process of this start has exited.
+func (s *run) exited() bool {
+	select {
+	case <-s.gone:
+		return true
+	default:
+		return false
+	}
+}
+
+// scrapeAttempts bounds the tries of one /metrics scrape.
+const scrapeAttempts = 4
 
 // probeFailureThreshold is the kubelet's default failureThreshold.
 const probeFailureThreshold = 3
@@ -203,11 +361,17 @@ func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64
 	// Prometheus would at its next interval; the counters lose nothing.
 	var body string
 	var ok bool
-	for attempt := range 5 {
-		if body, ok = r.get(ctx, r.metricsPort, "/metrics"); ok || ctx.Err() != nil {
+	retry := backoff.New(500*time.Millisecond, 4*time.Second)
+	for attempt := 1; ; attempt++ {
+		_, metricsPort, _ := r.ports()
+		if body, ok = r.get(ctx, metricsPort, "/metrics"); ok || attempt == scrapeAttempts {
 			break
 		}
-		time.Sleep(time.Duration(attempt+1) * time.Second)
+		select {
+		case <-ctx.Done():
+			return 0, nil, fmt.Errorf("replica %s /metrics: %w (last answer: %s)", r.name, ctx.Err(), body)
+		case <-time.After(retry.Next(nil)):
+		}
 	}
 	if !ok {
 		return 0, nil, fmt.Errorf("replica %s /metrics: %s", r.name, body)
@@ -239,11 +403,22 @@ func (r *replica) restRequests(ctx context.Context) (float64, map[string]float64
 }
 
 func tailFile(path string, n int) string {
+	return tailLines(logSince(path, 0), n)
+}
+
+// logSince returns the file at path from offset from on (its error's text
+// if it cannot be read).
+func logSince(path string, from int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return string(b[min(from, int64(len(b))):])
+}
+
+// tailLines returns the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -33,6 +33,7 @@ import (
 // as the Secret publishes it, and the two leaves must be a pair renewed
 // together (the same NotAfter).
 func TestE2EDualKeyTypesAuthority(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: "webhook"}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	setupNamespace(t, admin)

@@ -36,6 +36,7 @@ import (
 // leaf that a client trusting only the compromised CA rejects, and no
 // admission failed.
 func TestE2EEmergencyRotation(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: webhookUser}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	webhookNamespaces(t, admin)

@@ -133,6 +133,7 @@ func TestE2EEvents(t *testing.T) {
 // webhook built ignores the mark and says so where the operator looks: a
 // Warning CARequestIgnored Event about the Secret, in its namespace.
 func TestE2EWebhookReportsIgnoredMark(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: webhookUser}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	webhookNamespaces(t, admin)

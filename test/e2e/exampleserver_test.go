@@ -28,6 +28,7 @@ var servingLine = regexp.MustCompile(`serving on https://([0-9.:\[\]a-f]+)`)
 // --tls-secret and with --ca-secret against a real kube-apiserver, each
 // with a kubeconfig for a user that has only the RBAC the README lists.
 func TestE2EExampleServerSecrets(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: "server"}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	setupNamespace(t, admin)

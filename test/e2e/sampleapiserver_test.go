@@ -150,6 +150,7 @@ func servedLeafSerial(t *testing.T, addr, serverName string, bundle []byte, now 
 // reconnected through the loopback client after the rotation, has seen the
 // first.
 func TestE2ESampleAPIServer(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t)
 	adminCfg := cluster.Config()
 	kubeconfig := writeKubeconfig(t, adminCfg) // kubeconfig_test.go

@@ -128,6 +128,7 @@ func isDenial(err error) bool {
 // ConfigMap without the label is denied, one with it is admitted and
 // mutated. Then the caBundle is overwritten by hand (drift) and repaired.
 func TestE2EWebhookAdmission(t *testing.T) {
+	t.Parallel() // reads no process-global metric: see main_test.go
 	cluster := testcluster.Start(t, testcluster.WithUsers(testcluster.User{Name: webhookUser}))
 	admin := kubernetes.NewForConfigOrDie(cluster.Config())
 	webhookNamespaces(t, admin)

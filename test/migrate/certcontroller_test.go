@@ -28,6 +28,7 @@ import (
 // kube-apiserver calls the webhook: 0 failed calls across the switch and
 // the first observed CA rotation after it.
 func TestMigrateFromCertController(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	mgr, err := manager.New(e.cluster.Config(), manager.Options{
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",

@@ -23,6 +23,7 @@ import (
 // kube-apiserver calls the webhook: 0 failed calls across the switch and
 // the first observed CA rotation after it.
 func TestMigrateFromCertManager(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	src := &cmtls.DynamicSource{
 		DNSNames: []string{dnsName},

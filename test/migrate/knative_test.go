@@ -26,6 +26,7 @@ import (
 // leaf until their successor CA is observed, then switch to their own
 // leaves. 0 failed calls across the switch and that first rotation.
 func TestMigrateFromKnative(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	serverKey, serverCert, caCert, err := resources.CreateCerts(e.ctx, svcName, ns, time.Now().Add(3*time.Minute))
 	require.NoError(t, err)
