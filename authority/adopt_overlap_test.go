@@ -34,16 +34,22 @@ type oldRotator struct {
 	layout SecretLayout
 	n      int
 	latest foreignCA
+	// lifetime of each CA and leaf; zero: ten years, cert-controller's
+	// default.
+	lifetime time.Duration
 }
 
 func (r *oldRotator) make() map[string][]byte {
 	r.t.Helper()
 	r.n++
-	const tenYears = 10 * 365 * 24 * time.Hour
+	lifetime := r.lifetime
+	if lifetime == 0 {
+		lifetime = 10 * 365 * 24 * time.Hour
+	}
 	now := r.clk.Now()
-	ca, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("%s-ca-%d", r.layout, r.n), KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: tenYears})
+	ca, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("%s-ca-%d", r.layout, r.n), KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: lifetime})
 	require.NoError(r.t, err)
-	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: tenYears})
+	leaf, err := pki.IssueLeaf(ca, pki.Request{CommonName: "localhost", DNSNames: []string{"localhost"}, KeyType: pki.ECDSAP256, Now: now, Backdate: time.Hour, Lifetime: lifetime})
 	require.NoError(r.t, err)
 	r.latest = foreignCA{ca: ca, leaf: leaf}
 	if r.layout == LayoutCertManager {

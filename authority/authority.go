@@ -302,7 +302,8 @@ func New(cfg Config) (*Authority, error) {
 		repair: &secretRepair{name: cfg.Name, key: src.Key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
 	if cfg.Adopt != LayoutEvercert {
 		store.writer = &foreignWriter{name: cfg.Name, key: src.Key, layout: cfg.Adopt, quiet: backoff.New(cfg.CheckInterval, 10*cfg.CheckInterval),
-			report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}
+			retireIn: cfg.Lifetime + cfg.CheckInterval,
+			report:   newReporter(cfg.Name, cfg.EventRecorder, secretRef)}
 	}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
@@ -586,6 +587,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
+	st.retire = parseRetirements(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
@@ -839,6 +841,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 	s.Annotations[WrittenCAAnnotation] = Fingerprint(st.signing.Cert)
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
+	st.retire.write(s, st.bundle)
 	writeReplicaNames(st.replicaNames, s)
 	writeDeclaredTargets(st.targets, s)
 	if st.next != nil {

@@ -117,6 +117,13 @@ type foreignWriter struct {
 	report    *reporter
 	// quiet hands out the quiet period of each episode; see above.
 	quiet *backoff.Backoff
+	// retireIn is how long after a trim a leaf signed with a CA the trim
+	// kept for it can still be served: the leaf lifetime (this replica's
+	// last leaf of it was signed before the trim) and a check interval (a
+	// peer renewing from the CA in its memory during its own hold reads
+	// the trim within one). A live peer that still serves one keeps the CA
+	// longer (machine.retire).
+	retireIn time.Duration
 
 	mu sync.Mutex
 	// seen is the fingerprint of the foreign CA last read, since when this
@@ -321,10 +328,19 @@ func (w *foreignWriter) kept(last *caSet, serving *x509.Certificate, peerServes 
 	if last.signing != nil {
 		add(last.signing.Cert)
 	}
-	if last.next != nil {
+	// A successor of ours that the other writer's rewrite replaced signed
+	// nothing here (it would be the serving CA), and a live peer's leaf of
+	// it would be announced: without one it is dead weight, and a fresh
+	// successor is published on schedule (a run on the real kube-apiserver
+	// saw ca.crt keep it next to the new one).
+	superseded := peerServes != nil && last.next != nil && !peerServes(last.next.Cert)
+	if last.next != nil && !superseded {
 		add(last.next.Cert)
 	}
 	for _, c := range last.bundle {
+		if superseded && last.next.Cert.Equal(c) {
+			continue
+		}
 		if peerServes == nil || !containsCert(w.episode, c) || peerServes(c) {
 			add(c)
 		}
@@ -337,6 +353,30 @@ func (w *foreignWriter) kept(last *caSet, serving *x509.Certificate, peerServes 
 		}
 	}
 	return keep
+}
+
+// retireKept records, for each of the other writer's CAs the trim kept in
+// st's bundle that neither signs nor is the successor (kept because a leaf
+// served then chains to it), that it leaves the bundle once every leaf
+// signed with it can have expired: retireIn from now (retire.go). Called
+// with announcements only: without them a peer's leaf is unknown, and the
+// CA stays until it expires. It reports whether it recorded one: written
+// at once, so that every replica drops the CA at the same time.
+func (w *foreignWriter) retireKept(st *caSet, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, recorded := now.Add(w.retireIn), false
+	for _, c := range st.bundle {
+		if !containsCert(w.episode, c) || st.knowsSigning(c) {
+			continue
+		}
+		if t, ok := st.retire[Fingerprint(c)]; ok && !t.After(at) {
+			continue // a peer's trim recorded it already
+		}
+		st.retireAt(c, at)
+		recorded = true
+	}
+	return recorded
 }
 
 // trim records, after an adoption that ended an episode left st in force

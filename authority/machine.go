@@ -308,10 +308,15 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		}
 	}
 	res.restored = m.restore(st, in.last, in.exists, now, keep)
+	retiring := false
 	if trim {
 		// What the trim left out never signs again (restore).
 		m.writer.trim(in.last, st, now)
+		// What it kept for a leaf served then leaves once every leaf
+		// signed with it has expired (retire.go).
+		retiring = in.peerServes != nil && m.writer.retireKept(st, now)
 	}
+	retired := m.retire(st, now)
 	declared, undeclared := m.declareTargets(st, in.declares, now)
 	res.undeclared = undeclared
 	// The emergency waits for every observer and live replica, not for
@@ -344,7 +349,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	// hand promotion, with the first write after it): whoever reads the
 	// Secret counts it, whether or not this replica lives to.
 	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
-	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded || copied
+	res.write = changed || acted || res.restored || retiring || retired || in.adopted || len(res.repairs) > 0 || recorded || copied
 	res.declarationOnly = declared && !res.write
 	res.write = res.write || declared
 	return res, nil
@@ -467,8 +472,12 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, ke
 	// schedule, on a replica whose clock is ahead: it is not lost, and
 	// writing it back would flip ca.crt with that replica until our clock
 	// catches up.
+	// A CA past its recorded retirement (retire.go), on the Secret as read
+	// or as this process last had it, left on schedule too, unless a
+	// served leaf still chains to it (machine.retire keeps it then).
 	trusted := func(c *x509.Certificate) bool {
-		return now.Add(skew).Before(c.NotAfter) && !m.emerg.compromised(st.ops, c)
+		end := earliest(st.trustEnds(c), last.trustEnds(c))
+		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || m.emerg.served(c)) && !m.emerg.compromised(st.ops, c)
 	}
 	// The Secret went back in time when its signing CA is older than ours
 	// and either one we knew (a restore brings back what was there before)

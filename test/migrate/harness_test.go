@@ -451,7 +451,11 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 
 	after, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
 	require.NoError(e.t, err)
-	n := len(parsePEM(e.t, after.Data["ca.crt"]))
+	cas := parsePEM(e.t, after.Data["ca.crt"])
+	n := len(cas)
+	for _, c := range cas {
+		e.t.Logf("%s migration with %s still writing: ca.crt at the end holds %q serial %s, valid %s to %s", tool, tool, c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+	}
 	if failedAll > 0 {
 		e.t.Logf("%s migration with %s still writing: the first failed calls: %s", tool, tool, l.errors())
 	}
