@@ -97,7 +97,12 @@ import (
 // run of episodes (cert-controller answers each adoption with a new CA)
 // leaves ca.crt the adopted CA plus the served ones, three at most
 // (current, successor, previous); without them, one more per episode,
-// until those expire or are retired.
+// until those expire. With announcements, the other writer's CAs kept only
+// for a leaf served then leave a leaf lifetime and a check interval later
+// (retireKept, machine.retire), and a successor of ours that a rewrite
+// replaced is left out unless a peer announces a leaf of it: the old
+// rotator's CAs are valid for years, and nothing signs with them after the
+// trim.
 //
 // A replica that reads the adoption another replica wrote keeps the same
 // rule. Every CA the trim leaves out is remembered as trimmed until it

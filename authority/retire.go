@@ -12,16 +12,17 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// RetireAfterAnnotation records, in the CA Secret, when CAs of the bundle
-// leave it before they expire: "<Fingerprint>=<RFC 3339 time>" entries,
-// separated by commas. The trim after another writer's rewrites
-// (foreignWriter) writes one for each of the other writer's CAs it keeps
-// only because a leaf served then chains to it: once every leaf signed with
-// it has expired nothing needs it, and the old rotator's CAs are valid for
-// years (ten at cert-controller's defaults). The time is in the Secret, not
-// in a replica's memory, so that every replica drops the CA at the same
-// moment (within the skew tolerance) and none writes back what another
-// dropped (machine.restore), as with a CA's expiry.
+// RetireAfterAnnotation records, in the CA Secret, when CAs leave ca.crt
+// before they expire: "<fingerprint>=<RFC 3339 time>" entries separated by
+// commas. After the rotator adopted from (Config.Adopt) stops rewriting the
+// Secret, the Authority keeps the old rotator's CAs that a leaf served
+// then chains to, and writes one entry for each: a leaf lifetime and a
+// check interval later no leaf signed with it can still be valid (the old
+// rotator's CAs are valid for years: ten at cert-controller's defaults).
+// A CA past its time leaves ca.crt once no live replica serves a leaf of
+// it. The time is in the Secret so that every replica drops the CA
+// together, as at its expiry. Removing the annotation keeps the CAs until
+// they expire.
 const RetireAfterAnnotation = "evercert.io/retire-after"
 
 // maxRetirements bounds the entries read from RetireAfterAnnotation: a
