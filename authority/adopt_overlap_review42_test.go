@@ -2,10 +2,16 @@ package authority
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 )
 
 // TestForeignWriterTrimKeepsCAOfPeerStartedDuringOverlap (review42): b
@@ -58,5 +64,78 @@ func TestForeignWriterTrimKeepsCAOfPeerStartedDuringOverlap(t *testing.T) {
 			require.NoError(t, verifiesAt(t, b.Leaf(), trusted, clk.Now()), "b's served leaf of O2 against ca.crt after a's trim")
 			require.NoError(t, verifiesAt(t, b.Leaf(), published, clk.Now()), "b's served leaf of O2 against a's published bundle after its trim")
 		})
+	}
+}
+
+// partitionedClient is a client for one replica that reaches the fake API
+// server behind client until cut is set, and then fails every request as
+// an unreachable server does (the replica keeps serving, renewing its leaf
+// from the CA in memory: issuer.keepServing).
+func partitionedClient(client *fake.Clientset, cut *atomic.Bool) *fake.Clientset {
+	c := fake.NewClientset()
+	c.PrependReactor("*", "*", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if cut.Load() {
+			return true, nil, apierrors.NewServiceUnavailable("partitioned from the API server")
+		}
+		obj, err := client.Invokes(action, nil)
+		return true, obj, err
+	})
+	c.PrependWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		if cut.Load() {
+			return true, nil, apierrors.NewServiceUnavailable("partitioned from the API server")
+		}
+		w, err := client.InvokesWatch(action)
+		return true, w, err
+	})
+	return c
+}
+
+// TestRetireKeepsCAOfPartitionedReplica (review42): b is cut off from the
+// API server during the hold, before a's trim. It keeps serving, renewing
+// its leaf from the CA it had in force (the old rotator's first CA, ca0)
+// as the Authority does in an API outage; its Lease expires. The trim
+// keeps ca0 (b's Lease announced a leaf of it) and records its retirement
+// a leaf lifetime and a check interval later. Before the retirement
+// (branch woldrot4 up to a274e05) ca0, valid for ten years, stayed, and
+// b's clients kept trusting every leaf it renewed; a CA must not leave
+// the bundle on a schedule while a replica that cannot read the Secret may
+// still sign leaves with it.
+func TestRetireKeepsCAOfPartitionedReplica(t *testing.T) {
+	old, client, clk, ca0 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	var cut atomic.Bool
+	adopting := func(c *Config) { c.Adopt, c.DisableReplicaAnnouncements = LayoutCertController, false }
+	b := attackAuthority(t, partitionedClient(client, &cut), clk, "partitioned-b", adopting)
+	a := attackAuthority(t, client, clk, "partitioned-a", adopting)
+	require.NoError(t, a.RunOnce(ctx)) // adopts ca0
+	require.NoError(t, b.RunOnce(ctx))
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, b.Leaf().CheckSignatureFrom(ca0.ca.Cert), "b serves a leaf of ca0")
+	clk.Step(5 * time.Second)
+	old.rewrite()
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, b.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+	require.NotEmpty(t, b.Status().ForeignWriter, "b holds")
+	cut.Store(true)
+	for steps := 0; a.Status().ForeignWriter != ""; steps++ {
+		require.Less(t, steps, 30, "a never adopted")
+		clk.Step(time.Minute)
+		require.NoError(t, a.RunOnce(ctx))
+		_ = b.RunOnce(ctx) // fails: partitioned
+	}
+	require.NoError(t, a.RunOnce(ctx))
+	trimmed := clk.Now()
+	s := getSecret(t, client)
+	require.True(t, caInBundle(t, s.Data["ca.crt"], ca0.ca), "the trim keeps ca0, which b served a leaf of")
+	t.Logf("retire-after: %q", s.Annotations[RetireAfterAnnotation])
+	for steps := 0; steps < 150; steps++ {
+		clk.Step(time.Minute)
+		require.NoError(t, a.RunOnce(ctx))
+		_ = b.RunOnce(ctx)
+		require.NoError(t, b.Leaf().CheckSignatureFrom(ca0.ca.Cert), "b renews from ca0 in memory")
+		require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()),
+			"b's leaf (renewed at %s) against ca.crt %v after the trim", b.Leaf().NotBefore, clk.Now().Sub(trimmed))
+		require.NoError(t, verifiesAt(t, b.Leaf(), a.CurrentCABundleContent(), clk.Now()), "b's leaf against a's published bundle %v after the trim", clk.Now().Sub(trimmed))
 	}
 }
