@@ -139,3 +139,30 @@ func TestRetireKeepsCAOfPartitionedReplica(t *testing.T) {
 		require.NoError(t, verifiesAt(t, b.Leaf(), a.CurrentCABundleContent(), clk.Now()), "b's leaf against a's published bundle %v after the trim", clk.Now().Sub(trimmed))
 	}
 }
+
+// TestForeignWriterRetiresKeptCAsCertManager (review42) is
+// TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire in cert-manager's
+// layout: the CA the replicas adopted first and served leaves of during
+// the overlap is cert-manager's too, valid for years, and nothing signs
+// with it after the trim. It must leave ca.crt once every leaf signed
+// with it can have expired, as in cert-controller's layout.
+func TestForeignWriterRetiresKeptCAsCertManager(t *testing.T) {
+	old, client, clk, first := oldRotatorSecret(t, LayoutCertManager)
+	announced := func(c *Config) { c.DisableReplicaAnnouncements = false }
+	a := runAdopting(t, client, clk, "retire-cm-a", LayoutCertManager, announced)
+	b := runAdopting(t, client, clk, "retire-cm-b", LayoutCertManager, announced)
+	waitFor(t, "both replicas' leaves of the first CA", func() bool {
+		return a.Leaf() != nil && b.Leaf() != nil && a.Leaf().CheckSignatureFrom(first.ca.Cert) == nil && b.Leaf().CheckSignatureFrom(first.ca.Cert) == nil
+	})
+	overlapThenQuiet(t, old, client, clk, 3, a, b)
+	trimmed := clk.Now()
+	s := getSecret(t, client)
+	t.Logf("after the trim: ca.crt holds %d CAs, the first one: %v; retire-after: %q", countCerts(t, s.Data["ca.crt"]), caInBundle(t, s.Data["ca.crt"], first.ca), s.Annotations[RetireAfterAnnotation])
+	for steps := 0; steps < 90; steps++ {
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	s = getSecret(t, client)
+	require.False(t, caInBundle(t, s.Data["ca.crt"], first.ca), "the first CA, which nothing signs with after the trim, is still in ca.crt %v after it (valid until %s); ca.crt holds %d CAs",
+		clk.Now().Sub(trimmed), first.ca.Cert.NotAfter, countCerts(t, s.Data["ca.crt"]))
+}
