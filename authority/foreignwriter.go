@@ -239,10 +239,15 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := in.read
-	if in.adopted && st.signing != nil {
+	if st.signing != nil && (in.adopted || w.layout == LayoutCertManager && in.last == nil && in.written == "" && len(in.marks) == 0) {
 		// In the other rotator's layout: its CA, this process's first
 		// adoption's too (the trim may leave it out once nothing serves a
-		// leaf of it).
+		// leaf of it, or retire it once every leaf of it has expired).
+		// cert-manager's layout is the Authority's own, so no read of it is
+		// a conversion: a first read that no evercert write marked (no
+		// WrittenCAAnnotation, no evercert.io annotation) is cert-manager's
+		// CA adopted (a review found it in ca.crt until it expired, never
+		// retired).
 		w.rememberLocked(st.signing.Cert)
 	}
 	if !w.rewritten(in) {
