@@ -166,3 +166,54 @@ func TestForeignWriterRetiresKeptCAsCertManager(t *testing.T) {
 	require.False(t, caInBundle(t, s.Data["ca.crt"], first.ca), "the first CA, which nothing signs with after the trim, is still in ca.crt %v after it (valid until %s); ca.crt holds %d CAs",
 		clk.Now().Sub(trimmed), first.ca.Cert.NotAfter, countCerts(t, s.Data["ca.crt"]))
 }
+
+// TestForeignWriterTrimKeepsCAOfPartitionedReplica (review42): b is cut
+// off from the API server before the overlap starts and keeps serving,
+// renewing its leaf from the CA it had in force (ca0, adopted from the old
+// rotator) as in any API outage; its Lease expires. The first episode
+// ends in a's adoption of ca1 (ca0 stays: a's previous signing CA); the
+// second, in ca2. The second trim leaves ca0 out at once (no live Lease
+// announces a leaf of it), and b's clients fail: a trim must not take a
+// replica whose Lease expired for one that serves nothing.
+func TestForeignWriterTrimKeepsCAOfPartitionedReplica(t *testing.T) {
+	old, client, clk, ca0 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	var cut atomic.Bool
+	adopting := func(c *Config) { c.Adopt, c.DisableReplicaAnnouncements = LayoutCertController, false }
+	a := attackAuthority(t, client, clk, "partitioned-trim-a", adopting)
+	b := attackAuthority(t, partitionedClient(client, &cut), clk, "partitioned-trim-b", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, b.RunOnce(ctx))
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, b.Leaf().CheckSignatureFrom(ca0.ca.Cert), "b serves a leaf of ca0")
+	cut.Store(true)
+	episode := func(name string) {
+		clk.Step(5 * time.Second)
+		old.rewrite()
+		require.NoError(t, a.RunOnce(ctx))
+		require.NotEmpty(t, a.Status().ForeignWriter, "a holds in the %s episode", name)
+		for steps := 0; a.Status().ForeignWriter != ""; steps++ {
+			require.Less(t, steps, 30, "a never adopted in the %s episode", name)
+			clk.Step(time.Minute)
+			require.NoError(t, a.RunOnce(ctx))
+			_ = b.RunOnce(ctx) // fails: partitioned
+		}
+		require.NoError(t, a.RunOnce(ctx))
+		_ = b.RunOnce(ctx)
+	}
+	episode("first")
+	require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "b's leaf against ca.crt after the first trim")
+	// a renews its leaf from ca1 (b, from ca0 in memory) before the old
+	// rotator's next rewrite, which comes before ca0's retirement.
+	for steps := 0; a.Leaf().CheckSignatureFrom(ca0.ca.Cert) == nil; steps++ {
+		require.Less(t, steps, 50, "a never renewed its leaf")
+		clk.Step(time.Minute)
+		require.NoError(t, a.RunOnce(ctx))
+		_ = b.RunOnce(ctx)
+	}
+	episode("second")
+	t.Logf("after the second trim: ca.crt holds %d CAs; a's view of who serves ca0: %v; retire-after %q; b's leaf from %s", countCerts(t, getSecret(t, client).Data["ca.crt"]),
+		a.issuer.servingFrom(ca0.ca.Cert), getSecret(t, client).Annotations[RetireAfterAnnotation], b.Leaf().Issuer.CommonName)
+	require.NoError(t, b.Leaf().CheckSignatureFrom(ca0.ca.Cert), "b renews from ca0 in memory")
+	require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "b's leaf against ca.crt after the second trim")
+}
