@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -216,4 +217,37 @@ func TestForeignWriterTrimKeepsCAOfPartitionedReplica(t *testing.T) {
 		a.issuer.servingFrom(ca0.ca.Cert), getSecret(t, client).Annotations[RetireAfterAnnotation], b.Leaf().Issuer.CommonName)
 	require.NoError(t, b.Leaf().CheckSignatureFrom(ca0.ca.Cert), "b renews from ca0 in memory")
 	require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "b's leaf against ca.crt after the second trim")
+}
+
+// TestForeignWriterHoldsAfterHandledOperatorRequest (review42): an
+// operator's request stays on the Secret once handled (the request and
+// evercert.io/rotate-handled: never removed by the Authority), and the
+// old rotator's Update keeps every annotation. A rotate-now asked during
+// the overlap (an operator answering the Stalled status, say) must not
+// turn the hold off for the rest of it: each later rewrite must be held,
+// not adopted at once with a CA added to ca.crt each time (issue 27's
+// 333 CAs).
+func TestForeignWriterHoldsAfterHandledOperatorRequest(t *testing.T) {
+	a, old, client, clk, _ := holdingReplica(t, "handled-request")
+	ctx := context.Background()
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[RotateRequestedAnnotation] = clk.Now().UTC().Format(time.RFC3339)
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitFor(t, "the request handled", func() bool { return getSecret(t, client).Annotations[RotateHandledAnnotation] != "" })
+	start := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	held := 0
+	for k := 1; k <= 8; k++ {
+		clk.Step(20 * time.Second)
+		old.rewrite()
+		waitFor(t, "a check after the rewrite", func() bool {
+			return a.Status().ForeignWriter != "" || caInBundle(t, getSecret(t, client).Data["ca.crt"], old.latest.ca) && string(getSecret(t, client).Data["tls.crt"]) != string(old.latest.leaf.CertPEM)
+		})
+		if a.Status().ForeignWriter != "" {
+			held++
+		}
+	}
+	end := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	require.Greater(t, held, 0, "none of 8 rewrites after the handled request was held; ca.crt went from %d to %d CAs", start, end)
+	require.LessOrEqual(t, end, start+1, "ca.crt collects the old rotator's CAs")
 }
