@@ -251,3 +251,48 @@ func TestForeignWriterHoldsAfterHandledOperatorRequest(t *testing.T) {
 	require.Greater(t, held, 0, "none of 8 rewrites after the handled request was held; ca.crt went from %d to %d CAs", start, end)
 	require.LessOrEqual(t, end, start+1, "ca.crt collects the old rotator's CAs")
 }
+
+// TestForeignWriterHoldsAfterEmergencyDone (review42) is
+// TestForeignWriterHoldsAfterHandledOperatorRequest for a compromised
+// mark on the adopted CA before the overlap: once the emergency is over
+// (the marked CA left the Secret:
+// evercert.io/compromised-handled names it) the marks stay on the Secret,
+// and the old rotator's later rewrites must be held again.
+func TestForeignWriterHoldsAfterEmergencyDone(t *testing.T) {
+	old, client, clk, _ := oldRotatorSecret(t, LayoutCertController)
+	a := runAdopting(t, client, clk, "emergency-done", LayoutCertController, nil)
+	ctx := context.Background()
+	waitFor(t, "the adoption", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		return !cc && a.Leaf() != nil
+	})
+	a.mu.RLock()
+	fp := Fingerprint(a.cas.signing.Cert)
+	a.mu.RUnlock()
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[CompromisedCAAnnotation] = fp
+	s.Annotations[CompromisedReasonAnnotation] = "review42"
+	s.Annotations[CompromisedAtAnnotation] = clk.Now().UTC().Format(time.RFC3339)
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	for steps := 0; getSecret(t, client).Annotations[CompromisedHandledAnnotation] != fp; steps++ {
+		require.Less(t, steps, 120, "the emergency never ended")
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	held := 0
+	for k := 1; k <= 8; k++ {
+		clk.Step(20 * time.Second)
+		old.rewrite()
+		waitFor(t, "a check after the rewrite", func() bool {
+			return a.Status().ForeignWriter != "" || caInBundle(t, getSecret(t, client).Data["ca.crt"], old.latest.ca) && string(getSecret(t, client).Data["tls.crt"]) != string(old.latest.leaf.CertPEM)
+		})
+		if a.Status().ForeignWriter != "" {
+			held++
+		}
+	}
+	end := countCerts(t, getSecret(t, client).Data["ca.crt"])
+	require.Greater(t, held, 0, "none of 8 rewrites after the emergency was held; ca.crt went from %d to %d CAs", start, end)
+	require.LessOrEqual(t, end, start+1, "ca.crt collects the old rotator's CAs")
+}
