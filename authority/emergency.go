@@ -29,12 +29,26 @@ type operatorRequests struct {
 	dropped   []string
 }
 
-// any reports whether the Secret carries an operator's request (handled or
-// not) or an emergency's record: such a Secret is evercert's, never a
-// foreign writer's to hold (foreignWriter.rewritten).
-func (o operatorRequests) any() bool {
-	return o.rotateRequested != "" || o.rotateHandled != "" || o.compromised != "" || o.reason != "" ||
-		o.markedAt != "" || o.cHandled != "" || o.successor != "" || len(o.dropped) > 0
+// pending reports whether the Secret, read as st, carries an operator's
+// request not acted on yet or an emergency that is not over: a rotation
+// requested and not handled, a compromised mark not handled (the
+// emergency is done once the mark's CA left the Secret: cHandled), or a
+// dropped successor still in it. Such a Secret is evercert's state to act
+// on at once, never a foreign writer's rewrite to hold
+// (foreignWriter.rewritten). A handled request is not: the annotations stay
+// on the Secret for good (the requests are the operator's, and the
+// Authority never removes them), and the old rotator's Update keeps them,
+// so counting them turned the hold off for the rest of an overlap once an
+// operator had asked for anything (a review found ca.crt collecting one CA
+// per rewrite again).
+func (o operatorRequests) pending(st *caSet) bool {
+	if o.rotateRequested != "" && o.rotateRequested != o.rotateHandled || o.compromised != "" && o.compromised != o.cHandled {
+		return true
+	}
+	return slices.ContainsFunc(o.dropped, func(fp string) bool {
+		return st.signing != nil && Fingerprint(st.signing.Cert) == fp || st.next != nil && Fingerprint(st.next.Cert) == fp ||
+			slices.ContainsFunc(st.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
+	})
 }
 
 // Annotations the Authority keeps about an emergency rotation, beside the

@@ -47,12 +47,14 @@ import (
 // (RotationStatus.LeafExpired).
 //
 // Only a foreign writer's rewrite is held, never evercert's own state
-// (rewritten): a Secret that carries an operator's mark (a compromised CA,
-// a rotation request) or an emergency's record is always decided at once,
-// so an emergency never waits for a hold (machine.step runs the emergency
-// on it), and in the cert-manager layout, which is the Authority's own, a
-// Secret whose WrittenCAAnnotation names its signing CA is taken for a
-// peer's write: a paused replica that missed a peer's emergency (one CA in
+// (rewritten): a Secret that carries an operator's request not acted on
+// yet (a compromised CA, a rotation request) or an emergency not over is
+// always decided at once, so an emergency never waits for a hold
+// (machine.step runs the emergency on it); a handled one, which stays on
+// the Secret and which the old rotator's Update keeps, does not end the
+// holds (operatorRequests.pending). In the cert-manager layout, which is
+// the Authority's own, a Secret whose WrittenCAAnnotation names its
+// signing CA is taken for a peer's write: a paused replica that missed a peer's emergency (one CA in
 // tls.crt and ca.crt, as cert-manager writes) must follow it, not serve
 // the compromised CA it had (a review found the first attempt doing that),
 // and a peer's recreation of a deleted Secret is no old rotator. The
@@ -203,9 +205,10 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) || w.wasTrimmedLocked(st.signing.Cert, in.now) {
 		return false
 	}
-	if st.ops.any() {
-		// An operator's mark or an emergency's record, in any layout: the
-		// emergency is acted on at once, whatever the old rotator does.
+	if st.ops.pending(st) {
+		// An operator's request or an emergency not over yet, in any
+		// layout: acted on at once, whatever the old rotator does. A
+		// handled one stays on the Secret and does not count (pending).
 		return false
 	}
 	if w.layout == LayoutCertManager {
@@ -244,10 +247,15 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := in.read
-	if in.adopted && st.signing != nil {
+	if st.signing != nil && (in.adopted || w.layout == LayoutCertManager && in.last == nil && in.written == "" && len(in.marks) == 0) {
 		// In the other rotator's layout: its CA, this process's first
 		// adoption's too (the trim may leave it out once nothing serves a
-		// leaf of it).
+		// leaf of it, or retire it once every leaf of it has expired).
+		// cert-manager's layout is the Authority's own, so no read of it is
+		// a conversion: a first read that no evercert write marked (no
+		// WrittenCAAnnotation, no evercert.io annotation) is cert-manager's
+		// CA adopted (a review found it in ca.crt until it expired, never
+		// retired).
 		w.rememberLocked(st.signing.Cert)
 	}
 	if !w.rewritten(in) {
