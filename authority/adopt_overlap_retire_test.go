@@ -50,36 +50,61 @@ func overlapThenQuiet(t *testing.T, old *oldRotator, client *fake.Clientset, clk
 }
 
 // TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire is issue 27 §8
-// bullet 1's "keep only the CAs that a served leaf needs" after the trim:
-// the trim keeps the old rotator's CA the replicas served leaves of during
-// the overlap (their leaves need it then), but that CA is valid for ten
-// years, and nothing signs with it after the trim. Before, it stayed in
-// ca.crt until 2036 (a run on the real kube-apiserver saw four CAs after
-// the first rotation). It must leave once every leaf signed with it can
-// have expired (the leaf lifetime and a check interval after the trim),
-// at the same time on every replica, with no write back and forth, and
-// while both replicas' leaves and the old rotator's last leaf verify
-// against the published bundle in real TLS handshakes at every step.
+// bullet 1's "keep only the CAs that a served leaf needs" after the trim.
+// An overlap of two episodes: the replicas adopt the old rotator's first
+// CA, then its CA at the end of the first episode (second), and serve
+// leaves of second by the time the second episode starts; the trim that
+// ends it keeps second for those leaves. Nothing signs with second after
+// that trim, and it is valid for ten years: before, it stayed in ca.crt
+// until then (a run on the real kube-apiserver saw four CAs after the
+// first rotation). It must leave once every leaf signed with it can have
+// expired (the leaf lifetime and a check interval after the trim), at the
+// same time on every replica, with no write back and forth, while both
+// replicas' leaves and the old rotator's last leaf verify against the
+// published bundle in real TLS handshakes at every step. The CA the
+// replicas signed with before the overlap (first) stays, as after any
+// adoption: a replica cut off from the API server since then renews from
+// it (TestForeignWriterTrimKeepsCAOfPartitionedReplica).
 func TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire(t *testing.T) {
-	old, client, clk, first := oldRotatorSecret(t, LayoutCertController)
+	for _, layout := range []SecretLayout{LayoutCertController, LayoutCertManager} {
+		t.Run(string(layout), func(t *testing.T) { testRetiresKeptCAs(t, layout) })
+	}
+}
+
+func testRetiresKeptCAs(t *testing.T, layout SecretLayout) {
+	old, client, clk, first := oldRotatorSecret(t, layout)
 	announced := func(c *Config) { c.DisableReplicaAnnouncements = false }
-	a := runAdopting(t, client, clk, "retire-a", LayoutCertController, announced)
-	b := runAdopting(t, client, clk, "retire-b", LayoutCertController, announced)
+	a := runAdopting(t, client, clk, "retire-a-"+string(layout), layout, announced)
+	b := runAdopting(t, client, clk, "retire-b-"+string(layout), layout, announced)
 	replicas := []*Authority{a, b}
-	waitFor(t, "both replicas' leaves of the first CA", func() bool {
-		return a.Leaf() != nil && b.Leaf() != nil && a.Leaf().CheckSignatureFrom(first.ca.Cert) == nil && b.Leaf().CheckSignatureFrom(first.ca.Cert) == nil
-	})
+	leavesOf := func(ca foreignCA) bool {
+		for _, r := range replicas {
+			if r.Leaf() == nil || r.Leaf().CheckSignatureFrom(ca.ca.Cert) != nil {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, "both replicas' leaves of the first CA", func() bool { return leavesOf(first) })
 	overlapThenQuiet(t, old, client, clk, 3, replicas...)
+	second := old.latest
+	for steps := 0; !leavesOf(second); steps++ {
+		require.Less(t, steps, 120, "the replicas never renewed their leaves from the CA the first episode ended with")
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	overlapThenQuiet(t, old, client, clk, 2, replicas...)
 	last := old.latest
 	trimmed := clk.Now()
 	s := getSecret(t, client)
-	require.True(t, caInBundle(t, s.Data["ca.crt"], first.ca), "the trim keeps the CA the replicas served leaves of during the overlap")
-	require.Contains(t, s.Annotations[RetireAfterAnnotation], Fingerprint(first.ca.Cert), "its retirement is recorded in the Secret")
+	require.True(t, caInBundle(t, s.Data["ca.crt"], second.ca), "the trim keeps the CA the replicas served leaves of during the second episode")
+	require.Contains(t, s.Annotations[RetireAfterAnnotation], Fingerprint(second.ca.Cert), "its retirement is recorded in the Secret")
+	require.NotContains(t, s.Annotations[RetireAfterAnnotation], Fingerprint(first.ca.Cert), "the CA signed with before the overlap is never retired")
 	oldPod, err := dynamiccertificates.NewStaticCertKeyContent("old-pod", last.leaf.CertPEM, last.leaf.KeyPEM)
 	require.NoError(t, err)
 
-	// Every leaf of the first CA expires within a leaf lifetime (an hour
-	// here) and a check interval (a minute) of the trim.
+	// Every leaf of second expires within a leaf lifetime (an hour here)
+	// and a check interval (a minute) of the trim.
 	var left time.Time
 	for steps := 0; steps < 180; steps++ {
 		clk.Step(time.Minute)
@@ -90,16 +115,19 @@ func TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire(t *testing.T) {
 			require.NoError(t, handshakeWith(t, r, published, clk.Now), "%s's leaf against ca.crt at %s", r.Name(), clk.Now())
 		}
 		require.NoError(t, handshakeWith(t, oldPod, published, clk.Now), "the old rotator's last leaf against ca.crt at %s", clk.Now())
-		if left.IsZero() && !caInBundle(t, published, first.ca) {
+		if left.IsZero() && !caInBundle(t, published, second.ca) {
 			left = clk.Now()
 		}
 	}
-	require.False(t, left.IsZero(), "the first CA, which nothing signs with after the trim, is still in ca.crt three hours after it (valid until %s)", first.ca.Cert.NotAfter)
-	require.True(t, left.Before(first.ca.Cert.NotAfter), "it left before it expired")
-	t.Logf("the CA kept for the leaves served during the overlap left ca.crt %v after the trim (leaf lifetime 1h, check interval 1m); ca.crt now holds %d CAs",
-		left.Sub(trimmed), countCerts(t, getSecret(t, client).Data["ca.crt"]))
+	require.False(t, left.IsZero(), "the CA kept for the leaves served during the second episode, which nothing signs with after the trim, is still in ca.crt three hours after it (valid until %s)", second.ca.Cert.NotAfter)
+	require.True(t, left.Before(second.ca.Cert.NotAfter), "it left before it expired")
+	published := getSecret(t, client).Data["ca.crt"]
+	t.Logf("%s: the CA kept for the leaves served during the second episode left ca.crt %v after the trim (leaf lifetime 1h, check interval 1m); ca.crt now holds %d CAs",
+		layout, left.Sub(trimmed), countCerts(t, published))
 	require.Less(t, left.Sub(trimmed), time.Hour+5*time.Minute, "left within a leaf lifetime and a check interval of the trim")
-	require.Equal(t, 1, countCerts(t, getSecret(t, client).Data["ca.crt"]), "ca.crt holds the adopted CA alone: nothing else signs or is served")
+	require.True(t, caInBundle(t, published, first.ca), "the CA signed with before the overlap stays")
+	require.True(t, caInBundle(t, published, last.ca), "the adopted CA")
+	require.Equal(t, 2, countCerts(t, published), "ca.crt holds the adopted CA and the one signed with before the overlap")
 	require.Empty(t, getSecret(t, client).Annotations[RetireAfterAnnotation], "the record leaves with its CA")
 
 	// No replica writes it back: the Secret stays as it is.
@@ -116,9 +144,8 @@ func TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire(t *testing.T) {
 }
 
 // TestRetireWaitsForServedLeaf: a CA past its recorded retirement stays
-// in the bundle while this replica or a live peer serves a leaf of it (a
-// peer that renewed from the CA in its memory, or paused: an unlisted peer
-// counts as serving every CA), and leaves once none does; it is never
+// in the bundle while a leaf of it is served (this replica's, or one a
+// peer's Lease announces: replicaSet.announces), and leaves once none is; it is never
 // dropped while it signs or is the successor, and restore does not write
 // back a CA another replica retired.
 func TestRetireWaitsForServedLeaf(t *testing.T) {
@@ -129,12 +156,8 @@ func TestRetireWaitsForServedLeaf(t *testing.T) {
 	old.make()
 	signing := old.latest.ca
 	served := map[string]bool{}
-	m := machine{sched: rotation{skew: time.Hour}, emerg: newEmergency("retire", rotation{}, newReporter("retire", nil, nil), func(c *x509.Certificate) []string {
-		if served[Fingerprint(c)] {
-			return []string{"replica/b"}
-		}
-		return nil
-	})}
+	serves := func(c *x509.Certificate) bool { return served[Fingerprint(c)] }
+	m := machine{sched: rotation{skew: time.Hour}}
 	at := clk.Now().Add(time.Hour)
 	state := func() *caSet {
 		st := &caSet{signing: signing, bundle: []*x509.Certificate{kept, signing.Cert}}
@@ -143,20 +166,20 @@ func TestRetireWaitsForServedLeaf(t *testing.T) {
 	}
 
 	st := state()
-	require.False(t, m.retire(st, at.Add(-time.Second)), "before its retirement")
+	require.False(t, m.retire(st, at.Add(-time.Second), serves), "before its retirement")
 	served[Fingerprint(kept)] = true
 	st = state()
-	require.False(t, m.retire(st, at.Add(time.Hour)), "a live peer serves a leaf of it")
+	require.False(t, m.retire(st, at.Add(time.Hour), serves), "a live peer serves a leaf of it")
 	require.True(t, containsCert(st.bundle, kept))
 	served[Fingerprint(kept)] = false
 	st = state()
-	require.True(t, m.retire(st, at), "nothing serves a leaf of it any more")
+	require.True(t, m.retire(st, at, serves), "nothing serves a leaf of it any more")
 	require.False(t, containsCert(st.bundle, kept))
 	require.True(t, containsCert(st.bundle, signing.Cert))
 
 	st = state()
 	st.retireAt(signing.Cert, at)
-	m.retire(st, at)
+	m.retire(st, at, serves)
 	require.True(t, containsCert(st.bundle, signing.Cert), "the signing CA is never retired")
 	require.NotContains(t, st.retire, Fingerprint(signing.Cert), "and loses its record")
 
@@ -165,10 +188,10 @@ func TestRetireWaitsForServedLeaf(t *testing.T) {
 	// up to the skew tolerance behind the one that retired it.
 	last := state()
 	read := &caSet{signing: signing, bundle: []*x509.Certificate{signing.Cert}}
-	require.False(t, m.restore(read, last, true, at.Add(-59*time.Minute), nil), "a CA another replica retired is written back")
+	require.False(t, m.restore(read, last, true, at.Add(-59*time.Minute), nil, serves), "a CA another replica retired is written back")
 	require.False(t, containsCert(read.bundle, kept))
 	served[Fingerprint(kept)] = true
-	require.True(t, m.restore(read, last, true, at, nil), "a CA retired while a live replica serves a leaf of it is written back")
+	require.True(t, m.restore(read, last, true, at, nil, serves), "a CA retired while a live replica serves a leaf of it is written back")
 }
 
 // TestForeignWriterTrimDropsSupersededSuccessor: a run of the overlap on

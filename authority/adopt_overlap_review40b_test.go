@@ -169,29 +169,36 @@ func TestForeignWriterTrimWithAnnouncements(t *testing.T) {
 	old.make()
 	ca0 := old.latest.ca.Cert
 	old.make()
+	caX := old.latest.ca.Cert
+	old.make()
 	ca1 := old.latest.ca.Cert
 	old.make()
 	ca2 := old.latest.ca.Cert
-	// This replica adopted ca0, then ca1 at the end of the first episode,
-	// and serves a leaf of ca1; the old rotator answered with ca2.
-	last := &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca0, ca1}}
+	// This replica adopted ca0; the first episode's rewrites were caX then
+	// ca1, which it adopted at the episode's end, and it serves a leaf of
+	// ca1 (caX had been published while held); the old rotator answered
+	// with ca2.
+	last := &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca0, caX, ca1}}
 	kept := func(peerServes func(*x509.Certificate) bool) []*x509.Certificate {
 		w := newWriter()
 		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca0}, bundle: []*x509.Certificate{ca0}}, exists: true, adopted: true})
-		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca1}}, exists: true, last: &caSet{signing: &pki.Issued{Cert: ca0}, bundle: []*x509.Certificate{ca0}}, adopted: true})
+		before := &caSet{signing: &pki.Issued{Cert: ca0}, bundle: []*x509.Certificate{ca0}}
+		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: caX}, bundle: []*x509.Certificate{caX}}, exists: true, last: before, adopted: true})
+		w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca1}, bundle: []*x509.Certificate{ca1}}, exists: true, last: before, adopted: true})
 		w.settled(clk.Now())
 		hold, _ := w.decide(stepInput{now: clk.Now(), read: &caSet{signing: &pki.Issued{Cert: ca2}, bundle: []*x509.Certificate{ca2}}, exists: true, last: last, adopted: true})
 		require.NotNil(t, hold, "ca2 is a rewrite")
 		return w.kept(last, ca1, peerServes)
 	}
 	none := func(*x509.Certificate) bool { return false }
-	peerOnCA0 := func(c *x509.Certificate) bool { return c.Equal(ca0) }
+	peerOnCAX := func(c *x509.Certificate) bool { return c.Equal(caX) }
 
 	got := kept(none)
 	require.True(t, containsCert(got, ca1), "this replica's serving CA stays")
-	require.False(t, containsCert(got, ca0), "the first episode's CA, which no live replica serves a leaf of, is trimmed")
-	got = kept(peerOnCA0)
-	require.True(t, containsCert(got, ca0), "a CA a live peer's Lease announces a leaf of stays")
+	require.True(t, containsCert(got, ca0), "the CA signed with before the overlap stays (a replica cut off since renews from it)")
+	require.False(t, containsCert(got, caX), "the first episode's CA that nothing signed with, and no Lease announces a leaf of, is trimmed")
+	got = kept(peerOnCAX)
+	require.True(t, containsCert(got, caX), "a CA a peer's Lease announces a leaf of stays")
 	got = kept(nil)
-	require.True(t, containsCert(got, ca0), "without announcements every CA the Secret had before the episode stays")
+	require.True(t, containsCert(got, caX), "without announcements every CA the Secret had before the episode stays")
 }

@@ -586,6 +586,30 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 	return out
 }
 
+// announces reports whether a Lease this process has seen, live or not,
+// announces a leaf ca signed, or some peers' Leases cannot be listed
+// (unlistedPeers). A replica cut off from the API server keeps renewing
+// its leaf from the CA in its memory while its Lease expires: the Lease
+// stays until its peers collect it (leaseGCAfter lease durations), and
+// until then the trim after another writer's rewrites and a retirement
+// keep the CA (foreignWriter.kept, machine.retire). A longer cut is not
+// seen: the replica writes the CA back when it reads the Secret again
+// (machine.restore).
+func (r *replicaSet) announces(ca *x509.Certificate) bool {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unlistedLocked(now) {
+		return true
+	}
+	for _, l := range r.seen {
+		if !l.deleted && l.leaf != nil && signedBy(l.leaf, ca) {
+			return true
+		}
+	}
+	return false
+}
+
 func signedBy(leaf, ca *x509.Certificate) bool {
 	return costly.signedBy(leaf, ca)
 }

@@ -104,7 +104,14 @@ import (
 // (retireKept, machine.retire), and a successor of ours that a rewrite
 // replaced is left out unless a peer announces a leaf of it: the old
 // rotator's CAs are valid for years, and nothing signs with them after the
-// trim.
+// trim. "A peer announces" counts a Lease that expired but is not yet
+// collected (replicaSet.announces), and the CA this process signed with
+// when its first episode began (anchor) is always kept: a replica cut off
+// from the API server renews from the CA in its memory, and a review found
+// both rules dropping that CA under it. What no rule can see: a peer that
+// adopted a CA this process never read, and a peer cut off after it adopted
+// a CA during the overlap for longer than its Lease is kept. Either writes
+// the CA back at its next read (machine.restore).
 //
 // A replica that reads the adoption another replica wrote keeps the same
 // rule. Every CA the trim leaves out is remembered as trimmed until it
@@ -154,6 +161,13 @@ type foreignWriter struct {
 	// its NotAfter (forgotten after it; at most maxTrimmedCAs).
 	episode []*x509.Certificate
 	trimmed map[string]time.Time
+	// anchor is the CA this process signed with when the first episode it
+	// saw began: what a replica cut off from the API server since before
+	// the overlap renews its leaves from, for as long as the cut lasts,
+	// with no Lease that says so once its Lease is collected. Every trim
+	// keeps it, and it is never retired: it stays until it expires, as the
+	// CA of any adoption does (docs/migrating.md).
+	anchor *x509.Certificate
 }
 
 // maxForeignCAs bounds foreignWriter.episode. The list serves the trim
@@ -278,6 +292,9 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.wait.Round(time.Second))
 		if !w.active {
 			w.active = true
+			if w.anchor == nil && in.last.signing != nil {
+				w.anchor = in.last.signing.Cert
+			}
 			klog.Background().Info("Another writer keeps rewriting the CA secret; holding", "provider", w.name, "secret", w.key, "layout", string(w.layout), "caSerial", serial(st.signing.Cert))
 			w.report.Event(corev1.EventTypeWarning, dynamiccert.ReasonForeignCASecretWriter, certreport.ActionLoad,
 				fmt.Sprintf("CA secret %s: %s. Stop the old rotator (remove it from the old pods, or scale them down).", w.key, w.why))
@@ -338,6 +355,7 @@ func (w *foreignWriter) kept(last *caSet, serving *x509.Certificate, peerServes 
 		}
 	}
 	add(serving)
+	add(w.anchor)
 	if last.signing != nil {
 		add(last.signing.Cert)
 	}
@@ -380,7 +398,7 @@ func (w *foreignWriter) retireKept(st *caSet, now time.Time) bool {
 	defer w.mu.Unlock()
 	at, recorded := now.Add(w.retireIn), false
 	for _, c := range st.bundle {
-		if !containsCert(w.episode, c) || st.knowsSigning(c) {
+		if !containsCert(w.episode, c) || st.knowsSigning(c) || w.anchor != nil && w.anchor.Equal(c) {
 			continue
 		}
 		if t, ok := st.retire[Fingerprint(c)]; ok && !t.After(at) {

@@ -341,7 +341,7 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 			in.consumersMayLack = i.replicas.consumersMayLack
 			in.obs.blind, in.obs.lacking = i.replicas.blind, i.replicas.lacking
 			in.declares, in.obs.covered = i.targets(), i.covering
-			in.peerServes = func(c *x509.Certificate) bool { return len(i.replicas.servingFrom(c)) > 0 }
+			in.peerServes = i.replicas.announces
 		}
 		return m.step(in)
 	})

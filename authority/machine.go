@@ -128,10 +128,11 @@ type stepInput struct {
 	// serving is the CA of the leaf this process serves, nil before its
 	// first leaf.
 	serving *x509.Certificate
-	// peerServes reports whether a live peer's Lease announces a leaf
-	// signed by a CA (replicaSet.servingFrom; an unlisted peer counts as
-	// serving every CA); nil without announcements. The trim after another
-	// writer's rewrites keeps such a CA (foreignWriter.kept).
+	// peerServes reports whether a peer's Lease, live or expired but not
+	// yet collected, announces a leaf signed by a CA (replicaSet.announces;
+	// an unlisted peer counts as serving every CA); nil without
+	// announcements. The trim after another writer's rewrites and a
+	// retirement keep such a CA (foreignWriter.kept, machine.retire).
 	peerServes func(*x509.Certificate) bool
 	// marks are the evercert.io annotations of the Secret as read
 	// (evercertMarks): the Authority's own, never a foreign writer's.
@@ -307,7 +308,10 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 			keep = append(keep, st.next.Cert)
 		}
 	}
-	res.restored = m.restore(st, in.last, in.exists, now, keep)
+	served := func(c *x509.Certificate) bool {
+		return in.serving != nil && in.serving.Equal(c) || in.peerServes != nil && in.peerServes(c) || m.emerg.served(c)
+	}
+	res.restored = m.restore(st, in.last, in.exists, now, keep, served)
 	retiring := false
 	if trim {
 		// What the trim left out never signs again (restore).
@@ -316,7 +320,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// signed with it has expired (retire.go).
 		retiring = in.peerServes != nil && m.writer.retireKept(st, now)
 	}
-	retired := m.retire(st, now)
+	retired := m.retire(st, now, served)
 	declared, undeclared := m.declareTargets(st, in.declares, now)
 	res.undeclared = undeclared
 	// The emergency waits for every observer and live replica, not for
@@ -463,7 +467,7 @@ func (m *machine) announced(st *caSet, now time.Time, locallyObserved func(*x509
 // bundle to those: an adoption after another writer's rewrites
 // (foreignWriter) keeps what a served leaf needs, not every CA this
 // replica ever knew.
-func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, keep []*x509.Certificate) bool {
+func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, keep []*x509.Certificate, served func(*x509.Certificate) bool) bool {
 	if last == nil {
 		return false
 	}
@@ -477,7 +481,7 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, ke
 	// served leaf still chains to it (machine.retire keeps it then).
 	trusted := func(c *x509.Certificate) bool {
 		end := earliest(st.trustEnds(c), last.trustEnds(c))
-		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || m.emerg.served(c)) && !m.emerg.compromised(st.ops, c)
+		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || served(c)) && !m.emerg.compromised(st.ops, c)
 	}
 	// The Secret went back in time when its signing CA is older than ours
 	// and either one we knew (a restore brings back what was there before)

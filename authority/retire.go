@@ -100,11 +100,13 @@ func (st *caSet) retireAt(c *x509.Certificate, t time.Time) {
 
 // retire removes from st's bundle every CA whose recorded retirement has
 // passed on this clock, unless it signs or is the successor (an old
-// rotator's CA adopted again), or a leaf that this replica or a live peer
-// serves chains to (emergency.served: an unlisted peer counts as serving
-// every CA). It reports whether the bundle changed. A CA kept that way
-// leaves at a later check, once nothing serves a leaf of it.
-func (m *machine) retire(st *caSet, now time.Time) bool {
+// rotator's CA adopted again), or served reports a leaf of it served:
+// this replica's, or one a peer's Lease announces, live or expired but
+// not yet collected (replicaSet.announces: a peer cut off from the API
+// server renews from the CA in its memory; an unlisted peer counts as
+// serving every CA). It reports whether the bundle changed. A CA kept that
+// way leaves at a later check, once nothing serves a leaf of it.
+func (m *machine) retire(st *caSet, now time.Time, served func(*x509.Certificate) bool) bool {
 	if len(st.retire) == 0 {
 		return false
 	}
@@ -119,7 +121,7 @@ func (m *machine) retire(st *caSet, now time.Time) bool {
 	n := len(st.bundle)
 	st.bundle = slices.DeleteFunc(slices.Clone(st.bundle), func(c *x509.Certificate) bool {
 		t, ok := st.retire[Fingerprint(c)]
-		return ok && !now.Before(t) && !st.knowsSigning(c) && !m.emerg.served(c)
+		return ok && !now.Before(t) && !st.knowsSigning(c) && !served(c)
 	})
 	return len(st.bundle) != n
 }
