@@ -82,7 +82,11 @@ func parseSecretLayout(s *corev1.Secret, layout SecretLayout) (st *caSet, conver
 	case LayoutKnative:
 		if len(s.Data[corev1.TLSCertKey]) == 0 && hasKnativeKeys(s) {
 			st, err = parseKnativeSecret(s)
-			return st, len(s.Data[dynamiccert.SecretCAKey]) == 0, err
+			// Adopted, and written back, until ca.crt (which only the
+			// Authority writes) holds knative's CA: a rewrite by knative's
+			// reconciler after the Authority's first write puts a CA in
+			// ca-cert.pem that ca.crt lacks (foreignWriter holds it).
+			return st, err == nil && !knativeCAPublished(s, st.signing.Cert), err
 		}
 	case LayoutCertManager:
 		st, err = parseAuthoritySecret(s)
@@ -123,6 +127,14 @@ func certControllerLayout(s *corev1.Secret) bool {
 	}
 	certs, err := pki.ParseCABundle(s.Data[corev1.TLSCertKey])
 	return err != nil || len(certs) == 0 || !certs[0].IsCA
+}
+
+// knativeCAPublished reports whether the ca.crt of s holds ca, knative's
+// CA: false before the Authority's first write, and after knative's
+// reconciler wrote a new CA over the one the Authority published.
+func knativeCAPublished(s *corev1.Secret, ca *x509.Certificate) bool {
+	certs, err := pki.ParseCABundle(s.Data[dynamiccert.SecretCAKey])
+	return err == nil && containsCert(certs, ca)
 }
 
 func hasKnativeKeys(s *corev1.Secret) bool {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/evercert/evercert/dynamiccert"
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/errlog"
 	"github.com/evercert/evercert/internal/pki"
@@ -48,6 +49,15 @@ const (
 	// Secret, whose type requires the key).
 	KeyRefKey     = "tls.key-ref"
 	NextKeyRefKey = "next.key-ref"
+	// WrittenCAAnnotation is written with every write of the CA Secret the
+	// Authority makes: the fingerprint (Fingerprint) of the signing CA it
+	// wrote to tls.crt. In cert-manager's layout, which is the Authority's
+	// own, it tells a peer's write (a recreated Secret, an emergency a
+	// paused replica missed) from cert-manager's webhook still writing: that
+	// one keeps the annotations and replaces tls.crt, so the fingerprint no
+	// longer matches, and the other writer is held (foreignWriter).
+	// Written whether or not replica announcements are on.
+	WrittenCAAnnotation = "evercert.io/written-ca"
 )
 
 // PodNameEnv is the environment variable Config.ReplicaID
@@ -290,6 +300,11 @@ func New(cfg Config) (*Authority, error) {
 	secretRef := &corev1.ObjectReference{APIVersion: "v1", Kind: "Secret", Namespace: cfg.Namespace, Name: cfg.SecretName}
 	store := &secretStore{cfg: &cfg, src: src, keys: keys, reads: newSecretReads(src, cfg.CheckInterval),
 		repair: &secretRepair{name: cfg.Name, key: src.Key, report: newReporter(cfg.Name, cfg.EventRecorder, secretRef)}}
+	if cfg.Adopt != LayoutEvercert {
+		store.writer = &foreignWriter{name: cfg.Name, key: src.Key, layout: cfg.Adopt, quiet: backoff.New(cfg.CheckInterval, 10*cfg.CheckInterval),
+			retireIn: cfg.Lifetime + cfg.CheckInterval,
+			report:   newReporter(cfg.Name, cfg.EventRecorder, secretRef)}
+	}
 	a := &Authority{cfg: cfg, store: store}
 	a.issuer = newIssuer(issuerConfig{
 		name: cfg.Name, commonName: cfg.CommonName, hosts: cfg.Hosts, keyTypes: cfg.KeyTypes, lifetime: cfg.Lifetime,
@@ -303,6 +318,7 @@ func New(cfg Config) (*Authority, error) {
 	a.alts = newAlternatives(a.issuer, cfg.SNINames)
 	a.emerg = newEmergency(cfg.Name, a.sched, newReporter(cfg.Name, cfg.EventRecorder, secretRef), a.servingFrom)
 	a.issuer.repair = store.repair
+	a.issuer.writer = store.writer
 	a.issuer.judge = func(st *caSet, now time.Time) (string, bool) {
 		if a.replicas != nil {
 			// Announced leaves must chain to a CA of the Secret as read.
@@ -361,6 +377,17 @@ func (a *Authority) Status() RotationStatus {
 	s.Broken = a.store.repair.reason()
 	if s.Broken != "" && s.ClockSkew == "" {
 		s.Phase = PhaseBroken
+	}
+	// A writer that keeps rewriting the Secret sets Stalled, but like
+	// Broken it does not fail readiness while a valid leaf is served
+	// (RotationCheck, foreignWriterOnly): it is an old rotator's pods that
+	// a rolling update replaces only once the new pods are Ready.
+	if s.ForeignWriter = a.store.writer.reason(); s.ForeignWriter != "" {
+		s.foreignWriterOnly = !s.Stalled
+		s.Stalled = true
+		if s.ClockSkew == "" && s.Broken == "" {
+			s.Phase = PhaseStalled
+		}
 	}
 	return s
 }
@@ -436,6 +463,9 @@ type secretStore struct {
 	// repair handles a Secret edited by hand into content that cannot be
 	// used as it is: written back, or reported (secretRepair).
 	repair *secretRepair
+	// writer tells the rotator adopted from still rewriting the Secret
+	// (foreignWriter); nil without Config.Adopt.
+	writer *foreignWriter
 	// declaring logs, once per distinct error, a write of caBundle target
 	// declarations that failed (stepResult.declarationOnly).
 	declaring errlog.Once
@@ -557,13 +587,17 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	}
 	st.ops = parseOperatorRequests(secret)
 	st.unsafe = parseUnsafeRecord(secret)
+	st.retire = parseRetirements(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
-	if convert {
+	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
+		written: secret.Annotations[WrittenCAAnnotation]})
+	if convert && err == nil && res.skew == nil {
+		// Logged once decided: not while another writer keeps rewriting
+		// the Secret (foreignWriter), which is held instead.
 		klog.FromContext(ctx).Info("Adopting the CA secret of another rotator; its CA stays trusted", "provider", s.cfg.Name, "secret", s.src.Key, "layout", string(s.cfg.Adopt))
 	}
-	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs})
 	var unrepairable *unrepairableError
 	if mutations.brokenSilent && errors.As(err, &unrepairable) {
 		s.repair.setReason("")
@@ -662,6 +696,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	if counted {
 		s.answered()
 	}
+	s.writer.settled(now)
 	return res, nil
 }
 
@@ -800,8 +835,13 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Data[knativeServerKeyKey] = st.legacy.KeyPEM
 	}
 	s.Data[dynamiccert.SecretCAKey], _ = st.bundlePEM()
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[WrittenCAAnnotation] = Fingerprint(st.signing.Cert)
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
+	st.retire.write(s, st.bundle)
 	writeReplicaNames(st.replicaNames, s)
 	writeDeclaredTargets(st.targets, s)
 	if st.next != nil {

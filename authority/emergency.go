@@ -29,6 +29,28 @@ type operatorRequests struct {
 	dropped   []string
 }
 
+// pending reports whether the Secret, read as st, carries an operator's
+// request not acted on yet or an emergency that is not over: a rotation
+// requested and not handled, a compromised mark not handled (the
+// emergency is done once the mark's CA left the Secret: cHandled), or a
+// dropped successor still in it. Such a Secret is evercert's state to act
+// on at once, never a foreign writer's rewrite to hold
+// (foreignWriter.rewritten). A handled request is not: the annotations stay
+// on the Secret for good (the requests are the operator's, and the
+// Authority never removes them), and the old rotator's Update keeps them,
+// so counting them turned the hold off for the rest of an overlap once an
+// operator had asked for anything (a review found ca.crt collecting one CA
+// per rewrite again).
+func (o operatorRequests) pending(st *caSet) bool {
+	if o.rotateRequested != "" && o.rotateRequested != o.rotateHandled || o.compromised != "" && o.compromised != o.cHandled {
+		return true
+	}
+	return slices.ContainsFunc(o.dropped, func(fp string) bool {
+		return st.signing != nil && Fingerprint(st.signing.Cert) == fp || st.next != nil && Fingerprint(st.next.Cert) == fp ||
+			slices.ContainsFunc(st.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
+	})
+}
+
 // Annotations the Authority keeps about an emergency rotation, beside the
 // operator's: emergencySuccessorAnnotation is the Fingerprint of the
 // successor made after the current mark; emergencyDroppedAnnotation lists
@@ -562,6 +584,30 @@ func (r *replicaSet) servingFrom(ca *x509.Certificate) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// announces reports whether a Lease this process has seen, live or not,
+// announces a leaf ca signed, or some peers' Leases cannot be listed
+// (unlistedPeers). A replica cut off from the API server keeps renewing
+// its leaf from the CA in its memory while its Lease expires: the Lease
+// stays until its peers collect it (leaseGCAfter lease durations), and
+// until then the trim after another writer's rewrites and a retirement
+// keep the CA (foreignWriter.kept, machine.retire). A longer cut is not
+// seen: the replica writes the CA back when it reads the Secret again
+// (machine.restore).
+func (r *replicaSet) announces(ca *x509.Certificate) bool {
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unlistedLocked(now) {
+		return true
+	}
+	for _, l := range r.seen {
+		if !l.deleted && l.leaf != nil && signedBy(l.leaf, ca) {
+			return true
+		}
+	}
+	return false
 }
 
 func signedBy(leaf, ca *x509.Certificate) bool {

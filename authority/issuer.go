@@ -41,10 +41,11 @@ type issuer struct {
 	store    caStore
 	replicas *replicaSet // nil without replica coordination
 	emerg    *emergency  // operator requests; nil for SelfSigned
-	// repair and judge are the Authority's (see machine); nil for
+	// repair, judge and writer are the Authority's (see machine); nil for
 	// SelfSigned.
 	repair *secretRepair
 	judge  func(st *caSet, now time.Time) (reason string, waiting bool)
+	writer *foreignWriter
 	report *reporter
 	kick   chan struct{}
 	// apiBack is signalled by the Lease writer when a write succeeds after
@@ -331,13 +332,16 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 	}
 	now := i.cfg.clock.Now()
 	var skew *clockSkewError
+	var held *foreignWriterHold
 	m := i.machine()
 	res, err := i.store.update(ctx, now, func(in stepInput) (stepResult, error) {
 		in.obs = observation{all: i.observed, local: i.locallyObserved}
+		in.serving = i.currentLeafCA()
 		if i.replicas != nil {
 			in.consumersMayLack = i.replicas.consumersMayLack
 			in.obs.blind, in.obs.lacking = i.replicas.blind, i.replicas.lacking
 			in.declares, in.obs.covered = i.targets(), i.covering
+			in.peerServes = i.replicas.announces
 		}
 		return m.step(in)
 	})
@@ -367,6 +371,23 @@ func (i *issuer) check(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, i.report.failedCheck(fmt.Errorf("%s: every read-and-write of the CA secret since %s conflicted: %w",
 			i.cfg.name, i.conflictSince.UTC().Format(time.RFC3339), err))
+	case errors.As(err, &held):
+		// Another writer keeps rewriting the Secret: what this replica
+		// has stays in force (renewed from the CA in memory when due), its
+		// bundle with the other writer's current CA (foreignWriter), and
+		// the hold is reported in Status (ForeignWriter), not as a failed
+		// check. Looked at again when the Secret changes, and once it has
+		// been left alone long enough to adopt.
+		i.mu.RLock()
+		ok := i.hasState && i.skew == ""
+		i.mu.RUnlock()
+		if ok && held.serve.signing != nil && i.sched.valid(held.serve.signing.Cert, now) {
+			if err := i.adopt(held.serve, now, true); err != nil {
+				klog.Background().Error(err, "Renewing the serving certificate from the CA in memory failed", "provider", i.cfg.name)
+			}
+		}
+		i.report.succeeded()
+		return min(held.retryIn, i.cfg.checkInterval), nil
 	case errors.As(err, &skew):
 		i.holdForSkew(st, now, skew.reason, skew.waiting)
 		// Not a failure: looked at again every check interval, and at
@@ -636,7 +657,7 @@ func (i *issuer) reissueFloor(now time.Time) (time.Time, bool) {
 
 // machine is the rotation's state machine with this issuer's rules.
 func (i *issuer) machine() machine {
-	return machine{sched: i.sched, emerg: i.emerg, repair: i.repair, judge: i.judge}
+	return machine{sched: i.sched, emerg: i.emerg, repair: i.repair, judge: i.judge, writer: i.writer}
 }
 
 // memoryStore keeps the CA state in memory (SelfSigned): nobody else writes

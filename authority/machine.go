@@ -62,6 +62,9 @@ type machine struct {
 	// judge says why this replica's clock must not change the state as
 	// read (Authority.clockSkew), "" when it may; nil for SelfSigned.
 	judge func(st *caSet, now time.Time) (reason string, waiting bool)
+	// writer tells the rotator an Authority adopted from still rewriting
+	// the Secret (foreignWriter); nil for SelfSigned.
+	writer *foreignWriter
 }
 
 // mutations take rules of the machine back to older, wrong ones. Only the
@@ -122,6 +125,21 @@ type stepInput struct {
 	declares []string
 	// adopted: read from another rotator's layout; written back in ours.
 	adopted bool
+	// serving is the CA of the leaf this process serves, nil before its
+	// first leaf.
+	serving *x509.Certificate
+	// peerServes reports whether a peer's Lease, live or expired but not
+	// yet collected, announces a leaf signed by a CA (replicaSet.announces;
+	// an unlisted peer counts as serving every CA); nil without
+	// announcements. The trim after another writer's rewrites and a
+	// retirement keep such a CA (foreignWriter.kept, machine.retire).
+	peerServes func(*x509.Certificate) bool
+	// marks are the evercert.io annotations of the Secret as read
+	// (evercertMarks): the Authority's own, never a foreign writer's.
+	marks []string
+	// written is the Secret's WrittenCAAnnotation as read ("" when
+	// absent): the signing CA of the Authority's last write of it.
+	written string
 	// repairs name the parts of a hand-edited Secret that did not parse and
 	// were filled from last: written back.
 	repairs []string
@@ -158,6 +176,16 @@ type stepResult struct {
 
 // step is the rotation's one transition, at in.now on this process's clock:
 //
+//  0. A Secret that the rotator it was adopted from keeps rewriting with
+//     new CAs after this process adopted or wrote it is held: nothing is
+//     decided or written until it is left alone for a check interval, then
+//     it is adopted once, keeping only the CAs a served leaf needs
+//     (foreignWriter): neither side's clients lose trust, and ca.crt does
+//     not collect every CA of the overlap. Never a Secret with an
+//     operator's mark or an emergency's record (the emergency of step 5
+//     runs at once, whatever the hold), nor one in the Authority's own
+//     layout that carries its annotations (a peer's write); a CA the trim
+//     left out never signs again (restore).
 //  1. A CA pasted into the Secret's signing slot that no bundle publishes
 //     becomes the successor (secretRepair.unpublished), so it never signs
 //     unobserved (S2).
@@ -185,6 +213,10 @@ type stepResult struct {
 func (m *machine) step(in stepInput) (stepResult, error) {
 	st, now := in.read, in.now
 	res := stepResult{state: st, repairs: in.repairs}
+	hold, trim := m.writer.decide(in)
+	if hold != nil {
+		return res, hold
+	}
 	if m.repair != nil && !in.adopted && !mutations.pastedSigns {
 		pasted, err := m.repair.unpublished(st, in.last, now)
 		if err != nil {
@@ -266,7 +298,29 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	if why != "" {
 		res.unsafe, res.unsafeWhy = true, why
 	}
-	res.restored = m.restore(st, in.last, in.exists, now)
+	var keep []*x509.Certificate // nil: all that last had
+	if trim && in.last != nil {
+		keep = m.writer.kept(in.last, in.serving, in.peerServes)
+		if st.next != nil && !containsCert(st.bundle, st.next.Cert) && in.last.knows(st.next.Cert) {
+			// Our successor, left in the Secret by a writer that rewrote
+			// only its own keys (cert-manager keeps next.crt): it was
+			// published, and stays so.
+			keep = append(keep, st.next.Cert)
+		}
+	}
+	served := func(c *x509.Certificate) bool {
+		return in.serving != nil && in.serving.Equal(c) || in.peerServes != nil && in.peerServes(c) || m.emerg.served(c)
+	}
+	res.restored = m.restore(st, in.last, in.exists, now, keep, served)
+	retiring := false
+	if trim {
+		// What the trim left out never signs again (restore).
+		m.writer.trim(in.last, st, now)
+		// What it kept for a leaf served then leaves once every leaf
+		// signed with it has expired (retire.go).
+		retiring = in.peerServes != nil && m.writer.retireKept(st, now)
+	}
+	retired := m.retire(st, now, served)
 	declared, undeclared := m.declareTargets(st, in.declares, now)
 	res.undeclared = undeclared
 	// The emergency waits for every observer and live replica, not for
@@ -299,7 +353,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	// hand promotion, with the first write after it): whoever reads the
 	// Secret counts it, whether or not this replica lives to.
 	recorded := res.unsafe && st.signing != nil && st.unsafe.add(now, Fingerprint(st.signing.Cert), res.unsafeWhy)
-	res.write = changed || acted || res.restored || in.adopted || len(res.repairs) > 0 || recorded || copied
+	res.write = changed || acted || res.restored || retiring || retired || in.adopted || len(res.repairs) > 0 || recorded || copied
 	res.declarationOnly = declared && !res.write
 	res.write = res.write || declared
 	return res, nil
@@ -409,8 +463,11 @@ func (m *machine) announced(st *caSet, now time.Time, locallyObserved func(*x509
 // lost some of it: the Secret was deleted, or rolled back to older content.
 // CAs that clients may trust come back into the bundle, and the newest CA
 // that signed keeps signing, so no client loses trust. It reports whether
-// st changed.
-func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bool {
+// st changed. keep, when not nil, limits the CAs brought back into the
+// bundle to those: an adoption after another writer's rewrites
+// (foreignWriter) keeps what a served leaf needs, not every CA this
+// replica ever knew.
+func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, keep []*x509.Certificate, served func(*x509.Certificate) bool) bool {
 	if last == nil {
 		return false
 	}
@@ -419,8 +476,12 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	// schedule, on a replica whose clock is ahead: it is not lost, and
 	// writing it back would flip ca.crt with that replica until our clock
 	// catches up.
-	keep := func(c *x509.Certificate) bool {
-		return now.Add(skew).Before(c.NotAfter) && !m.emerg.compromised(st.ops, c)
+	// A CA past its recorded retirement (retire.go), on the Secret as read
+	// or as this process last had it, left on schedule too, unless a
+	// served leaf still chains to it (machine.retire keeps it then).
+	trusted := func(c *x509.Certificate) bool {
+		end := earliest(st.trustEnds(c), last.trustEnds(c))
+		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || served(c)) && !m.emerg.compromised(st.ops, c)
 	}
 	// The Secret went back in time when its signing CA is older than ours
 	// and either one we knew (a restore brings back what was there before)
@@ -438,7 +499,11 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 			// its key: a backup restored mid-adoption is a rollback.
 			return false
 		}
-		known := slices.ContainsFunc(last.bundle, c.Cert.Equal)
+		// A CA this process trimmed after another writer's rewrites is
+		// known too: the clients were given the bundle without it, so a
+		// backup from the overlap that brings it back must not make it
+		// sign (foreignWriter.trim).
+		known := slices.ContainsFunc(last.bundle, c.Cert.Equal) || m.writer.wasTrimmed(c.Cert, now)
 		valid := !now.Add(skew).Before(c.Cert.NotBefore) && now.Before(c.Cert.NotAfter)
 		// A CA this process knows compromised is no other writer's: it
 		// left the bundle in an emergency, and a backup from before the
@@ -456,10 +521,14 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	// what ahead of ours, would otherwise meet it written back at every
 	// round (the simulator found that hot loop, seed 190).
 	trust := func(c *x509.Certificate) bool {
-		return keep(c) || wentBack && now.Add(skew).Before(c.NotAfter) && m.emerg.served(c)
+		return trusted(c) || wentBack && now.Add(skew).Before(c.NotAfter) && m.emerg.served(c)
+	}
+	from := last.bundle
+	if keep != nil {
+		from = keep
 	}
 	restored := false
-	for _, c := range last.bundle {
+	for _, c := range from {
 		if trust(c) && !slices.ContainsFunc(st.bundle, c.Equal) {
 			st.bundle, restored = append(st.bundle, c), true
 		}
@@ -470,7 +539,7 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 		// bytes (caBundle, bundle file, its announced hash) than its peers.
 		slices.SortStableFunc(st.bundle, func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
 	}
-	if last.signing != nil && keep(last.signing.Cert) && wentBack {
+	if last.signing != nil && trusted(last.signing.Cert) && wentBack {
 		// Ours is newer: the Secret went back in time. (A successor that
 		// another replica promoted is newer than ours and wins: rolledBack
 		// is false for it.) Our signing CA found waiting as the successor
@@ -482,7 +551,10 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 			st.next, st.nextSince, st.seenSince, st.inherited = nil, time.Time{}, time.Time{}, false
 		}
 	}
-	if st.next == nil && last.next != nil && keep(last.next.Cert) && st.signing != nil &&
+	// Not after another writer's rewrites (keep): the CA adopted then is
+	// newer than anything this replica published, and a successor of
+	// its own is published on its schedule.
+	if keep == nil && st.next == nil && last.next != nil && trusted(last.next.Cert) && st.signing != nil &&
 		(last.signing != nil && st.signing.Cert.Equal(last.signing.Cert) || last.next.Cert.NotBefore.After(st.signing.Cert.NotBefore)) {
 		// Our successor was lost, unless the Secret's signing CA is newer
 		// than it. Under the CA it was published for, it is lost whatever
@@ -502,7 +574,10 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time) bo
 	}
 	if restored {
 		why := "rolled back to older content"
-		if !exists {
+		switch {
+		case keep != nil:
+			why = "adopted after another writer's rewrites"
+		case !exists:
 			why = "deleted"
 		}
 		// The signing CA may be missing still: one this replica knew

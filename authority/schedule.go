@@ -69,6 +69,10 @@ type caSet struct {
 	// targets are the caBundle targets declared by the replicas that
 	// publish (Authority only; see declared_targets.go).
 	targets []declaredTarget
+	// retire records when CAs of the bundle leave it before they expire
+	// (RetireAfterAnnotation; see retire.go). Shared between clones:
+	// replaced, never changed in place.
+	retire retirements
 }
 
 // signingEnds is when the signing CA stops being able to serve: its
@@ -344,6 +348,12 @@ func (r rotation) nextDeadline(cs *caSet, leaf *x509.Certificate, now time.Time)
 	}
 	for _, c := range cs.bundle {
 		next = earliest(next, c.NotAfter)
+		if t, ok := cs.retire[Fingerprint(c)]; ok && t.After(now) {
+			// Not once past: a CA a served leaf still needs stays
+			// (machine.retire), and a deadline in the past would be a
+			// busy loop.
+			next = earliest(next, t)
+		}
 	}
 	if cs.signing.Cert.NotBefore.After(now) {
 		next = earliest(next, cs.signing.Cert.NotBefore) // see leafDue

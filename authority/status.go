@@ -91,6 +91,25 @@ type RotationStatus struct {
 	// still serves a valid leaf. Stalled (and readiness) follow the
 	// schedule: they turn on once the signing CA nears its end.
 	Broken string
+	// ForeignWriter, for an Authority that adopts another rotator's Secret
+	// (Config.Adopt), says that the rotator keeps rewriting the Secret with
+	// new CAs after this replica adopted or wrote it (the old pods of a
+	// rolling update still run it), naming the Secret and the layout;
+	// empty otherwise. Stalled is set while it lasts; the replica adopts
+	// nothing, keeps serving what it has, sends a ForeignCASecretWriter
+	// Warning Event per episode and counts each rewrite
+	// (evercert_ca_secret_foreign_rewrites_total). RotationCheck stays
+	// green for it while a valid leaf is served: the rolling update that
+	// removes the old rotator's pods waits for the new pods to be Ready.
+	// Once the Secret has held the same CA for a quiet period (one check
+	// interval, doubling while the rotator answers each adoption with a
+	// rewrite, up to ten) it is adopted once, keeping in ca.crt only the
+	// CAs a served leaf needs. An operator's mark on the Secret ends the
+	// hold at once.
+	ForeignWriter string
+	// foreignWriterOnly: Stalled is set for ForeignWriter alone, which
+	// RotationCheck does not fail on.
+	foreignWriterOnly bool
 	// LeaseForbidden, for an Authority replica, says that RBAC forbids
 	// writing its own replica Lease, naming the Lease and the verb (create,
 	// update, get on leases.coordination.k8s.io); empty once a write
@@ -239,7 +258,9 @@ type RotationReporter interface {
 // Authority replica's clock is skewed (RotationStatus.ClockSkew), naming
 // the skew, while the leaf served has expired (LeafExpired), and while a
 // replica catches up with a CA promoted without it (CatchingUp). A stale
-// read of the CA Secret, a broken Secret and Lease writes that RBAC
+// read of the CA Secret, a broken Secret, another writer still rewriting
+// an adopted Secret (ForeignWriter: Stalled, but the rolling update that
+// stops it waits for this pod to be Ready) and Lease writes that RBAC
 // forbids (LeaseForbidden) are reported
 // in Status (LastError, Broken, LeaseForbidden), Events and metrics, not here: they hit
 // every replica alike, and failing readiness on them would empty the
@@ -256,7 +277,10 @@ func RotationCheck(r RotationReporter) healthz.HealthChecker {
 			return fmt.Errorf("CA %s reached this replica's bundle less than the propagation delay ago (it was paused or cut off while the other replicas promoted it); its consumers may not trust it yet", s.Signing.Serial)
 		case s.LeafExpired:
 			return fmt.Errorf("the serving certificate has expired on this replica's clock and no new one is issued yet (phase %s%s)", s.Phase, lastErrorSuffix(s.LastError))
-		case !s.Stalled:
+		case !s.Stalled || s.foreignWriterOnly:
+			// A hold on another writer's rewrites (ForeignWriter) alone
+			// does not fail: the rolling update that stops that writer
+			// waits for this pod to be Ready.
 			return nil
 		case s.Successor != nil:
 			return fmt.Errorf("successor CA %s waits for %s while CA %s expires at %s",

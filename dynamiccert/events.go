@@ -50,4 +50,14 @@ const (
 	// not publish, made the successor (published, observed, then used).
 	// Sent once per edit, about the CA Secret.
 	ReasonCASecretRepaired = certreport.ReasonCASecretRepaired
+	// ReasonForeignCASecretWriter (Warning): another rotator (the one the
+	// Authority adopted the Secret from, authority.Config.Adopt) rewrote
+	// the CA Secret in its layout with a CA the Authority never had, after
+	// the Authority adopted or wrote it: the old rotator still runs (a
+	// rolling update from it). The Authority keeps serving what it has,
+	// adopts nothing and reports Stalled (readiness stays green while it
+	// serves a valid leaf) until the Secret is left alone for a quiet period (a check interval, backed off while
+	// the rotator answers each adoption), then adopts it once. Sent once
+	// per episode, about the CA Secret.
+	ReasonForeignCASecretWriter = certreport.ReasonForeignCASecretWriter
 )

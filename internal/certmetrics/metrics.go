@@ -206,7 +206,7 @@ func ClockSkew(provider string, started bool) {
 func all() []metrics.Registerable {
 	return []metrics.Registerable{expiration, rotations, loadErrors, caBundlePublish, loopbackSelfcheck, unsafeRotations, recordedUnsafeRotations, pendingObservers, uncoveredTargets, clockSkew,
 		podCertificateRequests, podCertificateDuration, podCertificateWaiting, caBundleVerified, caBundleUnverified,
-		emergencySteps, operatorRequests, compromisedTrusted, replicaAnnouncementsRejected, replicaLeaseWritesForbidden}
+		emergencySteps, operatorRequests, compromisedTrusted, replicaAnnouncementsRejected, replicaLeaseWritesForbidden, foreignRewrites}
 }
 
 // Gatherer gathers evercert's own metrics only. Gathering the whole

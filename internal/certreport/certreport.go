@@ -69,6 +69,10 @@ const (
 	// parse, a signing CA that no bundle publishes) and wrote back what it
 	// holds.
 	ReasonCASecretRepaired = "CASecretRepaired"
+	// ReasonForeignCASecretWriter (Warning): another rotator keeps
+	// rewriting an Authority's CA Secret in its own layout after the
+	// Authority adopted it; the Authority holds until it stops.
+	ReasonForeignCASecretWriter = "ForeignCASecretWriter"
 
 	// ActionRotate is the action of rotation Events; ActionLoad that of load
 	// failures.

@@ -376,3 +376,101 @@ func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() boo
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// migrateWhileOldRuns is migrate with the old tool still running while the
+// replicas start, as a rolling update straight from the old tool's pods
+// does: for overlap, the old tool keeps writing its Secret (rewrites
+// counts its rewrites) and its caBundle, the front keeps serving the old
+// pods (as a Service does until the rollout moves on), and every replica
+// must report the other writer (Stalled, ForeignWriter) while its
+// readiness check stays green, without ca.crt growing. Then the old
+// tool stops (stopOld), the replicas adopt its last CA once and are ready
+// again, the front switches to them and the first observed CA rotation
+// runs. 0 failed calls from the old tool's stop on (the overlap's are
+// logged; see below), at most three CAs in ca.crt at the end. old reports
+// how often the old tool rewrote the Secret so far and the CA it wrote
+// last.
+func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, overlap time.Duration, old func() (int64, *x509.Certificate), stopOld func()) {
+	e.t.Helper()
+	require.NotEmpty(e.t, e.caBundle(), "%s injected no caBundle", tool)
+	l := e.startLoad()
+	waitUntil(e.t, "calls through the old tool", time.Minute, func() bool { n, _ := l.counts(); return n >= 20 })
+	okBefore, failedBefore := l.counts()
+	rewritesBefore, _ := old()
+
+	rs := e.startReplicas(2, layout)
+	reported := map[string]string{}
+	maxCAs := 0
+	for end := time.Now().Add(overlap); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for _, r := range rs {
+			// The hold is reported in Status (ForeignWriter, Stalled),
+			// not by readiness: a rolling update removes the old pods
+			// only once the new ones are Ready.
+			if st := r.a.Status(); st.ForeignWriter != "" {
+				reported[r.a.Name()] = st.ForeignWriter
+				require.True(e.t, st.Stalled, "%s: Stalled while %s keeps writing", r.a.Name(), tool)
+				if r.a.Leaf() != nil && !st.LeafExpired && st.ClockSkew == "" && !st.CatchingUp {
+					require.NoError(e.t, authority.RotationCheck(r.a).Check(nil), "%s: ready while %s keeps writing and a valid leaf is served", r.a.Name(), tool)
+				}
+			}
+			maxCAs = max(maxCAs, len(parsePEM(e.t, r.a.CurrentCABundleContent())))
+		}
+		s, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+		require.NoError(e.t, err)
+		if len(s.Data["ca.crt"]) > 0 {
+			maxCAs = max(maxCAs, len(parsePEM(e.t, s.Data["ca.crt"])))
+		}
+	}
+	rewritesAfter, _ := old()
+	rewritten := rewritesAfter - rewritesBefore
+	require.Positive(e.t, rewritten, "%s never rewrote the Secret during the overlap", tool)
+	for _, r := range rs {
+		require.Contains(e.t, reported[r.a.Name()], "another writer keeps rewriting", "%s never reported %s's rewrites", r.a.Name(), tool)
+	}
+	okOverlap, failedOverlap := l.counts()
+
+	stopOld()
+	// The old tool's last CA: its pods served a leaf of it to the end.
+	_, lastOld := old()
+	waitUntil(e.t, "the replicas to adopt the Secret once the old tool stopped, and be ready", 3*time.Minute, func() bool {
+		for _, r := range rs {
+			if r.a.Leaf() == nil || authority.RotationCheck(r.a).Check(nil) != nil {
+				return false
+			}
+		}
+		s, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+		require.NoError(e.t, err)
+		_, cc := s.Data["ca.key"]
+		return !cc && !bytes.Equal(s.Data["tls.crt"], s.Data["ca.crt"]) // evercert's layout, no other writer's
+	})
+	e.switchTo(rs)
+	okSwitch, failedSwitch := l.counts()
+	e.waitForRotation(rs, lastOld)
+	l.stop()
+	okAll, failedAll := l.counts()
+
+	after, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+	require.NoError(e.t, err)
+	cas := parsePEM(e.t, after.Data["ca.crt"])
+	n := len(cas)
+	for _, c := range cas {
+		e.t.Logf("%s migration with %s still writing: ca.crt at the end holds %q serial %s, valid %s to %s", tool, tool, c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+	}
+	if failedAll > 0 {
+		e.t.Logf("%s migration with %s still writing: the first failed calls: %s", tool, tool, l.errors())
+	}
+	e.t.Logf("%s migration with %s still writing: %d rewrites by %s in the overlap, at most %d CAs in a bundle then, %d in ca.crt at the end; calls before the replicas started: %d ok, %d failed; during the overlap: %d ok, %d failed; from stopping %s to evercert serving: %d ok, %d failed; through the first observed CA rotation: %d ok, %d failed; total %d ok, %d failed",
+		tool, tool, rewritten, tool, maxCAs, n, okBefore, failedBefore, okOverlap-okBefore, failedOverlap-failedBefore, tool, okSwitch-okOverlap, failedSwitch-failedOverlap, okAll-okSwitch, failedAll-failedSwitch, okAll, failedAll)
+	require.LessOrEqual(e.t, n, 3, "ca.crt keeps only the CAs a served leaf needs")
+	require.LessOrEqual(e.t, maxCAs, 4, "no bundle grows with the old tool's rewrites (at most three and the old tool's current CA)")
+	require.Contains(e.t, string(after.Data["ca.crt"]), string(pemOf(lastOld)), "%s's last CA left ca.crt before it expired", tool)
+	require.Zero(e.t, failedAll-failedOverlap, "failed webhook calls once %s stopped: %s", tool, l.errors())
+	// The calls that fail during the overlap are logged above, not
+	// checked: the old tool answers evercert's adoptions (the first one,
+	// then one per backed-off quiet period) with a new CA that it swaps
+	// into the caBundle alone, while its pods serve the leaf of the CA
+	// before until their mount catches up, so calls in flight then fail
+	// whatever evercert does (cert-controller's and cert-manager's own
+	// rotations do that too). That evercert's published bundle keeps the
+	// old pods' CA is TestAdoptWhileOldRotatorStillWrites's.
+}
