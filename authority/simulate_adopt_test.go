@@ -16,6 +16,7 @@ import (
 	"math/rand"
 	"slices"
 	"strings"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -592,4 +593,35 @@ func (w *simWorld) publishedThrough(publishes func(*simSlot) bool, t time.Time) 
 		return true
 	}
 	return false
+}
+
+// simAdoptRegressions are the shrunk schedules of adoption plans that broke
+// an invariant (as simRegressions, read by parseSimPlanAdopt): each must
+// run clean now.
+var simAdoptRegressions = []struct {
+	found string
+	plan  string
+}{
+	{"A2: after a finished emergency the records it left on the Secret (the mark, handled; the successor) made every later rewrite of the old rotator evercert's, adopted at once, one CA more in ca.crt each (foreignWriter.rewritten: only a request not acted on, or records this process does not have in force)",
+		"seed 4: 2 replicas, publishers [], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s compromise\n19m12s oldrot for 15m0s answer 13s every 3m24s"},
+	{"A2: after a handled rotation request the same (rotate-requested and its handled record stay on the Secret)",
+		"seed 4: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s rotate\n12m0s oldrot for 15m0s answer 5s"},
+}
+
+// TestSimulateAdoptRegressions replays every schedule in
+// simAdoptRegressions.
+func TestSimulateAdoptRegressions(t *testing.T) {
+	simQuietLogs(t)
+	for _, r := range simAdoptRegressions {
+		plan, err := parseSimPlanAdopt(r.plan)
+		if err != nil {
+			t.Fatalf("%s: %v", r.found, err)
+		}
+		if !plan.Adopt || !strings.HasPrefix(plan.String(), strings.SplitN(r.plan, "\n", 2)[0]) {
+			t.Fatalf("%s: the plan reads back as %q", r.found, plan)
+		}
+		if v, _ := simRun(plan, "", nil); v != nil {
+			t.Errorf("%s\n  %v\n  replay: %s", r.found, v, plan)
+		}
+	}
 }
