@@ -198,9 +198,16 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) || w.wasTrimmedLocked(st.signing.Cert, in.now) {
 		return false
 	}
-	if st.ops.any() {
-		// An operator's mark or an emergency's record, in any layout: the
-		// emergency is acted on at once, whatever the old rotator does.
+	if st.ops.any() && (st.ops.pending() || !st.ops.same(in.last.ops)) {
+		// An operator's mark or request not acted on yet, or an
+		// emergency's record this process has not had in force, in any
+		// layout: the emergency is acted on at once, whatever the old
+		// rotator does. The records of one this process has in force
+		// (the mark, handled; the successor; the dropped list) stay on
+		// the Secret for good, and the old rotator's Update keeps them:
+		// they do not make its rewrites evercert's (the simulator found
+		// every rewrite adopted after a finished emergency, one CA more
+		// in ca.crt each).
 		return false
 	}
 	if w.layout == LayoutCertManager {
@@ -227,6 +234,19 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	// The other layouts are never the Authority's: the data were written
 	// by the other rotator, whatever annotations its update kept.
 	return in.adopted
+}
+
+// pending reports whether o holds an operator's request not acted on yet:
+// a rotation requested or a CA marked compromised, not handled.
+func (o operatorRequests) pending() bool {
+	return o.rotateRequested != o.rotateHandled || o.compromised != o.cHandled
+}
+
+// same reports whether o and p carry the same requests and records.
+func (o operatorRequests) same(p operatorRequests) bool {
+	return o.rotateRequested == p.rotateRequested && o.rotateHandled == p.rotateHandled && o.compromised == p.compromised &&
+		o.reason == p.reason && o.markedAt == p.markedAt && o.cHandled == p.cHandled && o.successor == p.successor &&
+		slices.Equal(o.dropped, p.dropped)
 }
 
 // decide says whether this read is held (a foreign rewrite less than quiet
