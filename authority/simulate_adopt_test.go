@@ -606,6 +606,15 @@ var simAdoptRegressions = []struct {
 		"seed 4: 2 replicas, publishers [], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s compromise\n19m12s oldrot for 15m0s answer 13s every 3m24s"},
 	{"A2: after a handled rotation request the same (rotate-requested and its handled record stay on the Secret)",
 		"seed 4: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s rotate\n12m0s oldrot for 15m0s answer 5s"},
+	// Open (no fix yet): a replica that starts while the old rotator
+	// writes (a restart, a rollout: the rolling update itself) adopts the
+	// rewrite it reads first, with no state of its own, and writes ca.crt
+	// with the old rotator's CA alone, taking out the CA its live peers
+	// serve leaves of (announced in their Leases) until they write it back.
+	{"S1: a replica restarted during the overlap adopted the rewrite alone and its publisher took the CA a holding peer serves out of the caBundle (open)",
+		"seed 208: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 13m0s answer 24s\n52s kill r0 for 33s"},
+	{"S1: the same through a rollout (open)",
+		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
 }
 
 // TestSimulateAdoptRegressions replays every schedule in
