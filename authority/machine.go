@@ -105,6 +105,10 @@ var mutations struct {
 	// trimIgnoresPeers: the trim after another writer's rewrites keeps
 	// only this replica's CAs, as if no live peer announced a leaf.
 	trimIgnoresPeers bool
+	// holdOmitsForeignCA: a replica that holds on another writer's
+	// rewrites serves its last bundle as it was, without that writer's
+	// current CA.
+	holdOmitsForeignCA bool
 }
 
 // stepInput is what one check read.

@@ -401,6 +401,7 @@ var simMutations = []struct {
 	{"catch-up-at-start", "R1", "a replica that lost the race to create the Secret catches up with its CA, NotReady for the delay", false},
 	{"no-hold", "A2", "issue 27 §8: every rewrite of the old rotator adopted at once (no foreignWriter), each adoption answered with a new CA", false},
 	{"no-retire", "A3", "the old rotator's CAs kept for a leaf served at the trim stay in ca.crt until they expire (ten years)", false},
+	{"hold-omits-foreign-ca", "A1", "a replica holding on the old rotator's rewrites publishes its last bundle without the old rotator's CA, which the old pods serve", false},
 	{"trim-ignores-peers", "S1", "the trim after an overlap drops the CA a live peer's leaf chains to", false},
 	{"catch-up-at-restart", "R2", "a replica restarted or rolled out after the start catches up with a CA every bundle has held for longer than the delay, NotReady for the delay", false},
 }
@@ -428,6 +429,8 @@ func simMutate(m simMutation) func() {
 		mutations.catchUpAtStart = true
 	case "trim-ignores-peers":
 		mutations.trimIgnoresPeers = true
+	case "hold-omits-foreign-ca":
+		mutations.holdOmitsForeignCA = true
 	case "catch-up-at-restart":
 		// After the fleet's start (R1's ground), early enough that
 		// restarts and rollouts come after it.
