@@ -305,7 +305,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	if left := w.since.Add(w.wait).Sub(now); left > 0 {
 		serve := in.last.clone()
 		serve.bundle = slices.Clone(serve.bundle)
-		if !containsCert(serve.bundle, st.signing.Cert) {
+		if !containsCert(serve.bundle, st.signing.Cert) && !mutations.holdOmitsForeignCA {
 			serve.bundle = append(serve.bundle, st.signing.Cert)
 		}
 		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false

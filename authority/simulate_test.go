@@ -193,6 +193,10 @@ type simPlan struct {
 	// consumers (pods mounting it) follow it with simCTBLag; nil or none
 	// set: no ClusterTrustBundle.
 	CTB []bool
+	// Adopt: the run starts on a Secret in cert-controller's layout, which
+	// every replica adopts (simulate_adopt_test.go); only such plans draw
+	// oldrot faults.
+	Adopt bool
 }
 
 func (p simPlan) String() string {
@@ -215,6 +219,9 @@ func (p simPlan) String() string {
 	}
 	if len(ctb) > 0 {
 		fmt.Fprintf(&b, ", ClusterTrustBundle [%s]", strings.Join(ctb, " "))
+	}
+	if p.Adopt {
+		b.WriteString(", " + simAdoptHead)
 	}
 	for _, f := range p.Faults {
 		b.WriteString("\n    " + f.String())
@@ -343,6 +350,8 @@ func simDraw(seed int64, kinds []string) simPlan {
 	// Drawn last, and only with the wider fault model, so that the plans
 	// of the routine kinds stay those make test has always searched.
 	p.KeyStore = slices.Contains(kinds, "keys") && rng.Intn(4) == 0
+	// From a source of its own, as the ClusterTrustBundle's.
+	simDrawAdopt(&p)
 	return p
 }
 
@@ -390,11 +399,16 @@ var simMutations = []struct {
 	{"ignore-observers", "S2", "the observer check skipped", false},
 	{"serve-at-once", "S1", "a replica cut off while the others promoted a CA serves it at once to consumers that lack it", false},
 	{"catch-up-at-start", "R1", "a replica that lost the race to create the Secret catches up with its CA, NotReady for the delay", false},
+	{"no-hold", "A2", "issue 27 §8: every rewrite of the old rotator adopted at once (no foreignWriter), each adoption answered with a new CA", false},
+	{"no-retire", "A3", "the old rotator's CAs kept for a leaf served at the trim stay in ca.crt until they expire (ten years)", false},
+	{"hold-omits-foreign-ca", "A1", "a replica holding on the old rotator's rewrites publishes its last bundle without the old rotator's CA, which the old pods serve", false},
+	{"trim-ignores-peers", "S1", "the trim after an overlap drops the CA a live peer's leaf chains to", false},
 	{"catch-up-at-restart", "R2", "a replica restarted or rolled out after the start catches up with a CA every bundle has held for longer than the delay, NotReady for the delay", false},
 }
 
 // simMutate sets the package's mutations for m (trust-watch-forever is set
-// per process, in start) and returns the undo. Not safe while other
+// per process, in start; no-hold and no-retire too, in adoptStarted) and
+// returns the undo. Not safe while other
 // simulations run.
 func simMutate(m simMutation) func() {
 	saved := mutations
@@ -413,6 +427,10 @@ func simMutate(m simMutation) func() {
 		mutations.serveAtOnce = true
 	case "catch-up-at-start":
 		mutations.catchUpAtStart = true
+	case "trim-ignores-peers":
+		mutations.trimIgnoresPeers = true
+	case "hold-omits-foreign-ca":
+		mutations.holdOmitsForeignCA = true
 	case "catch-up-at-restart":
 		// After the fleet's start (R1's ground), early enough that
 		// restarts and rollouts come after it.
@@ -427,6 +445,9 @@ type simStats struct {
 	// r2Procs counts the processes R2 judged: it shows the runs reach
 	// the restarts it is about.
 	r2Procs int
+	// adoptPlans counts the adoption plans run, adoptSettled those whose
+	// overlap A3 judged settled.
+	adoptPlans, adoptSettled int
 	// gaps counts, per open gap (simGaps), the runs that reached it.
 	gaps map[string]int
 }
@@ -579,6 +600,10 @@ type simWorld struct {
 	// to reuse their arrays.
 	unprobed []*simProc
 	clients  []simClient
+	// adopt is an adoption plan's old rotator and invariants (nil for
+	// the others); quietExOld is quietSince without the oldrot faults.
+	adopt      *simAdopt
+	quietExOld time.Time
 }
 
 type simAPIFault struct {
@@ -714,6 +739,9 @@ func (w *simWorld) fail(invariant, format string, args ...any) {
 }
 
 func (w *simWorld) run() (*simViolation, simStats) {
+	if w.plan.Adopt {
+		w.adoptInit()
+	}
 	for _, s := range w.slots {
 		w.start(s)
 	}
@@ -784,11 +812,13 @@ func (w *simWorld) start(s *simSlot) {
 	if w.plan.KeyStore {
 		cfg.CAKeys = simKeyStore{w: w, slot: s}
 	}
+	w.adoptStart(&cfg)
 	a, err := New(cfg)
 	if err != nil {
 		panic(err)
 	}
 	p.a = a
+	w.adoptStarted(p, src)
 	p.readiness = RotationCheck(a)
 	if w.mutation == "trust-watch-forever" {
 		a.store.reads.maxAge = 1 << 62
@@ -1074,6 +1104,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		s := a.GetObject().(*corev1.Secret)
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
+		w.adoptReplicaWrote(s)
 		if w.first != "" {
 			// Created again after a delete: a CA no target knows signs
 			// unless a replica wrote back the one it held.
@@ -1096,6 +1127,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		}
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
+		w.adoptReplicaWrote(s)
 		return true, s.DeepCopy(), nil
 	}
 	return true, nil, fmt.Errorf("simulated API: %s secrets not supported", a.GetVerb())
@@ -1166,6 +1198,7 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 		}
 		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
 	}
+	w.adoptSecretSet()
 }
 
 // hold keeps a watch delivery to paused p for when it runs again: the
@@ -1454,6 +1487,7 @@ func (w *simWorld) publish(hist *[]simBundle, p *simProc, bundle []byte, publish
 		}
 	}
 	*hist = append(*hist, simBundle{at: w.now, fps: fps, by: p.slot.idx})
+	w.adoptPublished(hist, fps)
 	// The publishers' observers notify their Authority.
 	for _, s := range w.slots {
 		if s.proc != nil && publishes(s) {
@@ -1513,6 +1547,9 @@ func (w *simWorld) inject(f simFault) {
 		}
 		if end.After(w.quietSince) {
 			w.quietSince = end
+		}
+		if f.Kind != "oldrot" && end.After(w.quietExOld) {
+			w.quietExOld = end
 		}
 	}
 	var s *simSlot
@@ -1603,6 +1640,8 @@ func (w *simWorld) inject(f simFault) {
 		w.editSecret(f)
 	case "forge":
 		w.forge(s, f.Arg)
+	case "oldrot":
+		w.oldrot(f)
 	}
 }
 
@@ -1738,7 +1777,7 @@ func (w *simWorld) parse() {
 	}
 	w.parsedRV = w.rvOf(w.secret)
 	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs = nil, "", nil, nil
-	if st, err := parseAuthoritySecret(w.secret); err == nil {
+	if st, err := w.adoptParse(w.secret); err == nil {
 		w.parsedCAs = map[string]bool{}
 		for _, c := range st.bundle {
 			w.parsedCAs[Fingerprint(c)] = true
@@ -1801,6 +1840,9 @@ func (w *simWorld) probe(p *simProc) bool { return p.readiness.Check(nil) == nil
 type simClient struct {
 	lag           time.Duration
 	trust, trust0 map[string]bool
+	// had: in an adoption plan, the old rotator's CAs the target ever
+	// held (adoptHad); nil otherwise.
+	had map[string]bool
 }
 
 // checkServed is S1 for ready replica p: every client verifies its leaf.
@@ -1843,6 +1885,12 @@ func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Dura
 		return false
 	}
 	for _, c := range clients {
+		if c.had != nil && w.adopt.cas[ca] && !c.had[ca] {
+			// The old rotator's CA, which no publisher of this target
+			// ever published: its trust is the old tool's to give (see
+			// adoptHad); A1 judges the publishers that held meanwhile.
+			continue
+		}
 		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] && c.lag > 0 && c.trust0[ca] {
 			// Known and open: an observer confirms that the target
 			// holds the CA, and a successor confirmed only after its
@@ -1905,7 +1953,7 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 		hist []simBundle
 	}{{"caBundle target", w.target}, {"ClusterTrustBundle", w.ctb}} {
 		n := len(t.hist)
-		if n == 0 || t.hist[n-1].fps[ca] {
+		if n == 0 || t.hist[n-1].fps[ca] || w.adoptNeverHeld(t.hist, ca) {
 			continue
 		}
 		if w.gaps[gapLostState] && !t.hist[n-1].at.After(w.lostAt) {
@@ -1959,11 +2007,13 @@ func (w *simWorld) checkInvariants() {
 	clients := w.clients[:0]
 	if len(w.target) > 0 {
 		now := trustAt(w.target, w.now, 0)
-		clients = append(clients, simClient{0, now, now}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now})
+		had := w.adoptHad(&w.target)
+		clients = append(clients, simClient{0, now, now, had}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had})
 	}
 	if len(w.ctb) > 0 {
 		now := trustAt(w.ctb, w.now, 0)
-		clients = append(clients, simClient{0, now, now}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now})
+		had := w.adoptHad(&w.ctb)
+		clients = append(clients, simClient{0, now, now, had}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had})
 	}
 	w.clients = clients
 	// The plan's durations, looked up once per event rather than copying
@@ -2127,6 +2177,8 @@ func (w *simWorld) checkInvariants() {
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
 		}
 	}
+	// A1, A2, A3: an adoption plan's old rotator (simulate_adopt_test.go).
+	w.checkAdopt(clients)
 }
 
 // settledProc reports whether some process has been running for simSettle:
@@ -2194,6 +2246,9 @@ func (w *simWorld) stillValid(fp string) bool {
 	}
 	if w.secret != nil && slices.Contains(parseOperatorRequests(w.secret).dropped, fp) {
 		return false // a successor dropped in an emergency
+	}
+	if !w.stillValidAdopt(fp) {
+		return false
 	}
 	end, ok := simNotAfter.Load(fp)
 	return !ok || w.now.Before(end.(time.Time))
@@ -2299,6 +2354,8 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 				total.checks += st.checks
 				total.leaseWrites += st.leaseWrites
 				total.r2Procs += st.r2Procs
+				total.adoptPlans += st.adoptPlans
+				total.adoptSettled += st.adoptSettled
 				if total.gaps == nil {
 					total.gaps = map[string]int{}
 				}
@@ -2325,7 +2382,7 @@ func TestSimulate(t *testing.T) {
 		plan := simDraw(*simSeedOnly, simKinds())
 		if *simPlanOnly != "" {
 			var err error
-			if plan, err = parseSimPlan(strings.ReplaceAll(*simPlanOnly, `\n`, "\n")); err != nil {
+			if plan, err = parseSimPlanAdopt(strings.ReplaceAll(*simPlanOnly, `\n`, "\n")); err != nil {
 				t.Fatalf("-sim.plan: %v", err)
 			}
 		}
@@ -2340,7 +2397,7 @@ func TestSimulate(t *testing.T) {
 	start := time.Now()
 	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
 	elapsed := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.gaps)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2, %d adoption plans (%d judged settled by A3); seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.adoptPlans, st.adoptSettled, st.gaps)
 	if v != nil {
 		shrunk := simShrink(*plan, "", v.Invariant)
 		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)
