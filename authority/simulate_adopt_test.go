@@ -268,6 +268,28 @@ func (w *simWorld) oldRotatorCA() (map[string][]byte, string) {
 	return map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": ca.KeyPEM, corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM}, fp
 }
 
+// oldToolPins reports whether the old tool decided what a client of the
+// caBundle target with the given lag trusts now: while its pods run, and
+// for lag after they stopped. The simulator does not write its injection
+// into the target's history, but it is there: cert-controller's
+// ReconcileWH watches the Secret and every webhook configuration it
+// injects, and on any change of either (its own rewrite, an evercert
+// publisher's write of the caBundle) it writes the Secret's ca.crt, its
+// current CA alone, into every caBundle (knative's webhook reconciler and
+// cert-manager's cainjector do the same with their CA). While its pods
+// run, no leaf but its own current CA's is sure to verify for those
+// clients, whatever the replicas do: a holding replica's, a replica's
+// that adopted a rewrite overwritten since, a replica's that started
+// during the overlap. S1 and S2 leave the caBundle target to it then; A1
+// judges that evercert's publishers publish its current CA meanwhile, and
+// S1 and S2 judge the target again from the pods' end (what the replicas
+// left behind). The bundle files and the ClusterTrustBundle, which it does
+// not write, are judged throughout.
+func (w *simWorld) oldToolPins(lag time.Duration) bool {
+	a := w.adopt
+	return a != nil && (w.oldRotatorRunning() || !a.stopped.IsZero() && w.now.Sub(a.stopped) < lag)
+}
+
 // oldRotatorRunning reports whether the old rotator's pods run now.
 func (w *simWorld) oldRotatorRunning() bool {
 	return w.adopt != nil && w.now.Before(w.adopt.until)
@@ -617,14 +639,19 @@ var simAdoptRegressions = []struct {
 		"seed 4: 2 replicas, publishers [], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s compromise\n19m12s oldrot for 15m0s answer 13s every 3m24s"},
 	{"A2: after a handled rotation request the same (rotate-requested and its handled record stay on the Secret)",
 		"seed 4: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n5m0s rotate\n12m0s oldrot for 15m0s answer 5s"},
-	// Open (no fix yet): a replica that starts while the old rotator
-	// writes (a restart, a rollout: the rolling update itself) adopts the
-	// rewrite it reads first, with no state of its own, and writes ca.crt
-	// with the old rotator's CA alone, taking out the CA its live peers
-	// serve leaves of (announced in their Leases) until they write it back.
-	{"S1: a replica restarted during the overlap adopted the rewrite alone and its publisher took the CA a holding peer serves out of the caBundle (open)",
+	// A replica that starts while the old rotator writes (a restart, a
+	// rollout: the rolling update itself) adopts the rewrite it reads
+	// first, with no state of its own, and writes ca.crt with the old
+	// rotator's CA alone, taking out the CA its live peers serve leaves
+	// of (announced in their Leases) until they write it back at their
+	// adoption. While the old pods run the old tool itself keeps the
+	// caBundle to its current CA alone (oldToolPins), so the same clients
+	// fail whatever the replicas do; these two ran clean once S1 left the
+	// caBundle to it while its pods run (the peers' adoption wrote the CA
+	// back before they stopped).
+	{"S1: a replica restarted during the overlap adopted the rewrite alone and its publisher took the CA a holding peer serves out of the caBundle, while the old tool's pods ran",
 		"seed 208: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 13m0s answer 24s\n52s kill r0 for 33s"},
-	{"S1: the same through a rollout (open)",
+	{"S1: the same through a rollout",
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
 }
 

@@ -1843,6 +1843,9 @@ type simClient struct {
 	// had: in an adoption plan, the old rotator's CAs the target ever
 	// held (adoptHad); nil otherwise.
 	had map[string]bool
+	// pinned: in an adoption plan, the old tool decides what this
+	// client of the caBundle target trusts (oldToolPins).
+	pinned bool
 }
 
 // checkServed is S1 for ready replica p: every client verifies its leaf.
@@ -1885,6 +1888,13 @@ func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Dura
 		return false
 	}
 	for _, c := range clients {
+		if c.pinned {
+			// The old tool's pods re-inject their own CA alone into the
+			// caBundle after every change (oldToolPins): what these
+			// clients trust is theirs until they stop. A1 judges the
+			// publishers meanwhile, this check from their end on.
+			continue
+		}
 		if c.had != nil && w.adopt.cas[ca] && !c.had[ca] {
 			// The old rotator's CA, which no publisher of this target
 			// ever published: its trust is the old tool's to give (see
@@ -1956,6 +1966,12 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 		if n == 0 || t.hist[n-1].fps[ca] || w.adoptNeverHeld(t.hist, ca) {
 			continue
 		}
+		if t.name == "caBundle target" && w.oldToolPins(0) {
+			// The old tool's pods keep the caBundle to their own CA
+			// (oldToolPins); S1 judges this CA's leaves once they are
+			// gone.
+			continue
+		}
 		if w.gaps[gapLostState] && !t.hist[n-1].at.After(w.lostAt) {
 			// The target still holds what it held before the state was
 			// lost: the publishers keep the lost CAs in it while they
@@ -2008,12 +2024,13 @@ func (w *simWorld) checkInvariants() {
 	if len(w.target) > 0 {
 		now := trustAt(w.target, w.now, 0)
 		had := w.adoptHad(&w.target)
-		clients = append(clients, simClient{0, now, now, had}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had})
+		clients = append(clients, simClient{0, now, now, had, w.oldToolPins(0)}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had, w.oldToolPins(simTargetLag)})
 	}
 	if len(w.ctb) > 0 {
 		now := trustAt(w.ctb, w.now, 0)
 		had := w.adoptHad(&w.ctb)
-		clients = append(clients, simClient{0, now, now, had}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had})
+		// No old tool writes a ClusterTrustBundle.
+		clients = append(clients, simClient{0, now, now, had, false}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had, false})
 	}
 	w.clients = clients
 	// The plan's durations, looked up once per event rather than copying
