@@ -455,12 +455,29 @@ func (w *simWorld) stillValidAdopt(fp string) bool {
 		}
 	}
 	if !a.cas[fp] {
-		return true
+		// One of evercert's. The trim after an overlap leaves out a
+		// successor of ours that the old rotator's rewrite replaced and no
+		// served leaf chains to (foreignWriter.kept), valid for its
+		// lifetime: cabundle's publisher takes it out of the target once
+		// no live replica announces a bundle that holds it (byOwnReplica),
+		// not only at its end. Held to the rule above while the Secret
+		// or a live replica's bundle holds it (a replica behind).
+		return w.parsedCAs == nil || w.parsedCAs[fp] || w.liveBundleHolds(fp)
 	}
 	if fp == a.cur && w.oldRotatorRunning() {
 		return true
 	}
 	return w.parsedCAs != nil && w.parsedCAs[fp]
+}
+
+// liveBundleHolds reports whether the bundle of a live replica holds fp.
+func (w *simWorld) liveBundleHolds(fp string) bool {
+	for _, s := range w.slots {
+		if p := s.proc; p != nil && w.live(p) && simFingerprints(p.a.CurrentCABundleContent())[fp] {
+			return true
+		}
+	}
+	return false
 }
 
 // checkAdopt judges the adoption invariants (A1, A2, A3) after an event.
