@@ -1846,6 +1846,8 @@ type simClient struct {
 	// pinned: in an adoption plan, the old tool decides what this
 	// client of the caBundle target trusts (oldToolPins).
 	pinned bool
+	// of names the target the client follows.
+	of string
 }
 
 // checkServed is S1 for ready replica p: every client verifies its leaf.
@@ -1916,7 +1918,7 @@ func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Dura
 		}
 		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] {
 			if apply {
-				w.fail("S1", "caBundle client (lag %v) does not trust CA %s of ready replica r%d", c.lag, short(ca), s.idx)
+				w.fail("S1", "%s client (lag %v) does not trust CA %s of ready replica r%d", c.of, c.lag, short(ca), s.idx)
 			}
 			return true
 		}
@@ -2024,13 +2026,13 @@ func (w *simWorld) checkInvariants() {
 	if len(w.target) > 0 {
 		now := trustAt(w.target, w.now, 0)
 		had := w.adoptHad(&w.target)
-		clients = append(clients, simClient{0, now, now, had, w.oldToolPins(0)}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had, w.oldToolPins(simTargetLag)})
+		clients = append(clients, simClient{0, now, now, had, w.oldToolPins(0), "caBundle"}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had, w.oldToolPins(simTargetLag), "caBundle"})
 	}
 	if len(w.ctb) > 0 {
 		now := trustAt(w.ctb, w.now, 0)
 		had := w.adoptHad(&w.ctb)
 		// No old tool writes a ClusterTrustBundle.
-		clients = append(clients, simClient{0, now, now, had, false}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had, false})
+		clients = append(clients, simClient{0, now, now, had, false, "ClusterTrustBundle"}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had, false, "ClusterTrustBundle"})
 	}
 	w.clients = clients
 	// The plan's durations, looked up once per event rather than copying
