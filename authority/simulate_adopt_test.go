@@ -670,6 +670,15 @@ var simAdoptRegressions = []struct {
 		"seed 208: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 13m0s answer 24s\n52s kill r0 for 33s"},
 	{"S1: the same through a rollout",
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
+	// Open (no fix yet; TestForeignWriterRestartedPeerKeepsHoldingPeersCA):
+	// a replica that starts with no state reads the old rotator's rewrite
+	// as its first state, adopts it alone, and writes and publishes a
+	// bundle without the CA a holding peer serves a leaf of (its Lease
+	// announces it), until that peer reads the write and puts the CA back.
+	{"S1: a replica restarted after the old pods stopped adopted their last rewrite alone and its publisher took the CA a holding peer serves out of the caBundle (open)",
+		"seed 1049: 2 replicas, publishers [r0 r1], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 7m0s answer 2s\n4m44s kill r0 for 3m17s"},
+	{"S1: the same during the overlap on a ClusterTrustBundle, which no old tool writes (open)",
+		"seed 286: 2 replicas, publishers [r1], 40m0s CAs, 2 faults, ClusterTrustBundle [r0], adopting cert-controller's Secret\n4m20s oldrot for 13m0s answer 9s\n9m8s rollout for 4m23s x8"},
 	{"L1: the trim after the overlap left out the successor made at the adoption (a key store: the adopted CA's key was in the Secret), still valid, and the simulator's publishers refused every later bundle without it, so no successor was observed and every replica stalled (a model gap: cabundle writes over a value no live replica announces)",
 		"seed 1171: 3 replicas, publishers [r0 r1 r2], 1h20m0s CAs, 1 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 5m0s answer 3s"},
 }
