@@ -219,7 +219,7 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) || w.wasTrimmedLocked(st.signing.Cert, in.now) {
 		return false
 	}
-	if st.ops.pending(st) {
+	if st.ops.pending(st, in.last) {
 		// An operator's request or an emergency not over yet, in any
 		// layout: acted on at once, whatever the old rotator does. A
 		// handled one stays on the Secret and does not count (pending).

@@ -538,11 +538,10 @@ func (w *simWorld) checkAdopt(clients []simClient) {
 			return
 		}
 	}
-	if running && w.secret != nil && w.secret.ResourceVersion == a.curRV && w.now.Sub(a.curAt) < simCheck-2*simSkew &&
-		!w.opsPending() {
+	if running && w.secret != nil && w.secret.ResourceVersion == a.curRV && w.now.Sub(a.curAt) < simCheck-2*simSkew {
 		for _, s := range w.slots {
 			p := s.proc
-			if p == nil || !w.alive(p) || !a.hadLeaf[p] || w.paused(p) || p.lastCheck.Before(a.curAt) || !p.checked {
+			if p == nil || !w.alive(p) || !a.hadLeaf[p] || w.paused(p) || p.lastCheck.Before(a.curAt) || !p.checked || w.opsPending(p) {
 				continue
 			}
 			o, ok, _ := p.store.GetByKey(simNamespace + "/" + simSecret)
@@ -608,14 +607,15 @@ func (w *simWorld) checkAdopt(clients []simClient) {
 }
 
 // opsPending reports whether the Secret carries an operator's request not
-// acted on yet or an emergency not over (operatorRequests.pending): the
-// replicas act on it at once and do not hold on a rewrite that keeps it.
-func (w *simWorld) opsPending() bool {
+// acted on yet or an emergency not over for p (operatorRequests.pending,
+// with the state p has in force): p acts on it at once and does not hold
+// on a rewrite that keeps it.
+func (w *simWorld) opsPending(p *simProc) bool {
 	if w.secret == nil {
 		return false
 	}
 	st, err := w.adoptParse(w.secret)
-	return err == nil && parseOperatorRequests(w.secret).pending(st)
+	return err == nil && parseOperatorRequests(w.secret).pending(st, p.a.store.last)
 }
 
 // oldUnserved counts the old rotator's CAs in ca.crt that no live
@@ -670,6 +670,8 @@ var simAdoptRegressions = []struct {
 		"seed 208: 2 replicas, publishers [r0], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 13m0s answer 24s\n52s kill r0 for 33s"},
 	{"S1: the same through a rollout",
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
+	{"A2: a compromised mark made while the only replica was paused, its CA replaced by the old rotator's rewrite before the replica read it: the emergency ignores it, never records it handled, and counted as pending it made every later rewrite evercert's, adopted at once (operatorRequests.pending: only a mark on a CA of the Secret or of the state in force)",
+		"seed 694: 1 replicas, publishers [], 40m0s CAs, 3 faults, adopting cert-controller's Secret\n17m33s pause r0 for 7m26s\n20m43s compromise\n21m40s oldrot for 15m0s answer 17s"},
 	// Open (no fix yet; TestForeignWriterRestartedPeerKeepsHoldingPeersCA):
 	// a replica that starts with no state reads the old rotator's rewrite
 	// as its first state, adopts it alone, and writes and publishes a
