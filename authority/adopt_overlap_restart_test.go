@@ -2,29 +2,31 @@ package authority
 
 import (
 	"context"
+	"crypto/x509"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // TestForeignWriterRestartedPeerKeepsHoldingPeersCA (simulator, adoption
-// plans: seeds 466, 1049 and most S1 findings left once the old tool's own
-// caBundle injection is modelled; open): a adopts the old rotator's CA O1
-// and serves a leaf of it; the old rotator answers with O2 and its pods go
+// plans: seeds 466, 1049 and most S1 findings once the old tool's own
+// caBundle injection was modelled): a adopts the old rotator's CA O1 and
+// serves a leaf of it; the old rotator answers with O2 and its pods go
 // away (the rolling update is over), a holding. b starts then (a restart,
-// a rollout's next pod) and reads O2 as its first state: it adopts it
-// alone, writes ca.crt with O2 only and publishes that, although a's Lease
-// announces a leaf of O1. No old tool writes the caBundle any more, so
-// a's clients fail (x509: certificate signed by unknown authority) until
-// a reads b's write (a peer's: its hold ends), writes O1 back, and b reads
-// that: a watch delivery and a check or two here. While the old pods still
-// run, their answer to b's write can come first, and the gap lasts until
-// a's adoption at the end of its quiet period (docs/migrating.md). The
-// simulator's S1 found it after the old pods stopped (caBundle) and during
-// the overlap (the ClusterTrustBundle, which no old tool writes). b cannot
-// put O1 back itself: a Lease names a's CA by fingerprint, and the old
-// rotator's rewrite replaced every key of the Secret that held it.
+// a rollout's next pod) and reads O2 as its first state. A Lease names a's
+// CA by fingerprint only, and the rewrite replaced every key of the Secret
+// that held it, so b adopted O2 alone, wrote ca.crt with O2 only and
+// published that: a's clients failed (x509: certificate signed by unknown
+// authority) until a read b's write and wrote O1 back, or, while the old
+// pods still ran, until a's adoption at the end of its quiet period. The
+// old rotators keep the annotations, so b now takes O1 from the record of
+// the bundle the Authority wrote last (WrittenBundleAnnotation).
 func TestForeignWriterRestartedPeerKeepsHoldingPeersCA(t *testing.T) {
 	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
 	ctx := context.Background()
@@ -44,4 +46,59 @@ func TestForeignWriterRestartedPeerKeepsHoldingPeersCA(t *testing.T) {
 	require.NotEmpty(t, a.Status().ForeignWriter, "a has not read b's write yet: it holds")
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
+}
+
+// TestForeignWriterRestartedPeerIgnoresGarbledRecord: a record of the CAs
+// the Authority wrote last (WrittenBundleAnnotation) that does not parse
+// is left out, and the replica that starts on the old rotator's rewrite
+// adopts it as before the record existed: no error, a leaf served.
+func TestForeignWriterRestartedPeerIgnoresGarbledRecord(t *testing.T) {
+	old, client, clk, _ := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	adopting := func(c *Config) { c.Adopt = LayoutCertController }
+	a := attackAuthority(t, client, clk, "holding-a", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, getSecret(t, client).Annotations[WrittenBundleAnnotation], "an adopting Authority records the bundle it wrote")
+	old.rewrite()
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[WrittenBundleAnnotation] = "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	b := attackAuthority(t, client, clk, "restarted-b", adopting)
+	require.NoError(t, b.RunOnce(ctx))
+	require.NoError(t, b.LastError())
+	require.NotNil(t, b.Leaf())
+	require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()))
+}
+
+// TestAddRecordedTrust: what a process with no state in force takes from
+// the record of the CAs the Authority wrote last, and when.
+func TestAddRecordedTrust(t *testing.T) {
+	ca := func(cn string, lifetime time.Duration) *pki.Issued {
+		c, err := pki.NewCA(pki.Request{CommonName: cn, Now: testNow.Add(-time.Hour), Lifetime: lifetime})
+		require.NoError(t, err)
+		return c
+	}
+	signing, kept, compromised, expired := ca("rewrite", 48*time.Hour), ca("kept", 48*time.Hour), ca("compromised", 48*time.Hour), ca("expired", 30*time.Minute)
+	leaf := issueTestPair(t, "leaf", testNow, time.Hour)
+	record := string(slices.Concat(kept.CertPEM, compromised.CertPEM, expired.CertPEM, leaf.CertPEM, signing.CertPEM))
+	read := func(written string) *caSet {
+		st := &caSet{signing: signing, bundle: []*x509.Certificate{signing.Cert}}
+		st.ops.compromised = Fingerprint(compromised.Cert)
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{WrittenBundleAnnotation: record, WrittenCAAnnotation: written}}}
+		addRecordedTrust(st, s, "test", testNow)
+		return st
+	}
+	st := read(Fingerprint(kept.Cert))
+	require.Equal(t, []*x509.Certificate{signing.Cert, kept.Cert}, st.bundle, "rewritten since the last write: the recorded CAs still valid and not marked, never a leaf, never twice")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read(Fingerprint(signing.Cert)).bundle, "the Authority's own write: the data are the record")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read("").bundle, "no write of the Authority's")
+
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}}
+	s.Data = map[string][]byte{"ca.crt": kept.CertPEM}
+	writeBundleRecord(s, LayoutEvercert)
+	require.NotContains(t, s.Annotations, WrittenBundleAnnotation, "the Authority's own layout has no old rotator to survive")
+	writeBundleRecord(s, LayoutKnative)
+	require.Equal(t, string(kept.CertPEM), s.Annotations[WrittenBundleAnnotation])
 }

@@ -590,6 +590,9 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.retire = parseRetirements(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
+	if s.last == nil {
+		addRecordedTrust(st, secret, s.cfg.Name, now)
+	}
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
 		written: secret.Annotations[WrittenCAAnnotation]})
@@ -839,6 +842,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Annotations = map[string]string{}
 	}
 	s.Annotations[WrittenCAAnnotation] = Fingerprint(st.signing.Cert)
+	writeBundleRecord(s, layout)
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	st.retire.write(s, st.bundle)

@@ -59,6 +59,7 @@ var (
 	simMutSeeds    = flag.Int("sim.mutation-seeds", 3000, "most seeds TestSimulateFindsMutations tries per mutation")
 	simLongMut     = flag.Bool("sim.long-mutations", false, "TestSimulateFindsMutations also restores the rules that take many seeds to catch (make simulate)")
 	simHandEdits   = flag.Bool("sim.hand-edits", false, "TestSimulate draws hand edits of the Secret (paste, garble, delete) among its faults")
+	simCensus      = flag.Bool("sim.census", false, "TestSimulate runs every seed and lists each violating one by invariant, instead of stopping at the first")
 	simPlanOnly    = flag.String("sim.plan", "", "run only this schedule, as a failure prints it (a shrunk one: its lines joined with \\n or real newlines), logging its events")
 )
 
@@ -450,6 +451,9 @@ type simStats struct {
 	adoptPlans, adoptSettled int
 	// gaps counts, per open gap (simGaps), the runs that reached it.
 	gaps map[string]int
+	// violated lists, with -sim.census, every violating seed per
+	// invariant.
+	violated map[string][]int64
 }
 
 // ---- the world --------------------------------------------------------
@@ -2360,7 +2364,7 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 					return
 				}
 				mu.Lock()
-				stop := found != nil && found.Seed < seed
+				stop := !*simCensus && found != nil && found.Seed < seed
 				mu.Unlock()
 				if stop {
 					return
@@ -2380,6 +2384,12 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 				}
 				for g, n := range st.gaps {
 					total.gaps[g] += n
+				}
+				if v != nil && *simCensus {
+					if total.violated == nil {
+						total.violated = map[string][]int64{}
+					}
+					total.violated[v.Invariant] = append(total.violated[v.Invariant], seed)
 				}
 				if v != nil && (want == "" || v.Invariant == want) && (found == nil || seed < found.Seed) {
 					found, foundV = &plan, v
@@ -2417,6 +2427,11 @@ func TestSimulate(t *testing.T) {
 	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
 	elapsed := time.Since(start)
 	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2, %d adoption plans (%d judged settled by A3); seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.adoptPlans, st.adoptSettled, st.gaps)
+	for _, inv := range slices.Sorted(maps.Keys(st.violated)) {
+		seeds := st.violated[inv]
+		slices.Sort(seeds)
+		t.Logf("census: %s violated by %d seeds: %v", inv, len(seeds), seeds)
+	}
 	if v != nil {
 		shrunk := simShrink(*plan, "", v.Invariant)
 		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)
