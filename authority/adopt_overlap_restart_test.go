@@ -72,33 +72,37 @@ func TestForeignWriterRestartedPeerIgnoresGarbledRecord(t *testing.T) {
 	require.NoError(t, verifiesAt(t, b.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()))
 }
 
-// TestAddRecordedTrust: what a process with no state in force takes from
+// TestTrustRecorded: what a process with no state in force takes from
 // the record of the CAs the Authority wrote last, and when.
-func TestAddRecordedTrust(t *testing.T) {
+func TestTrustRecorded(t *testing.T) {
 	ca := func(cn string, lifetime time.Duration) *pki.Issued {
 		c, err := pki.NewCA(pki.Request{CommonName: cn, Now: testNow.Add(-time.Hour), Lifetime: lifetime})
 		require.NoError(t, err)
 		return c
 	}
-	signing, kept, compromised, expired := ca("rewrite", 48*time.Hour), ca("kept", 48*time.Hour), ca("compromised", 48*time.Hour), ca("expired", 30*time.Minute)
+	signing, served, unserved, compromised, expired := ca("rewrite", 48*time.Hour), ca("served", 48*time.Hour), ca("unserved", 48*time.Hour), ca("compromised", 48*time.Hour), ca("expired", 30*time.Minute)
 	leaf := issueTestPair(t, "leaf", testNow, time.Hour)
-	record := string(slices.Concat(kept.CertPEM, compromised.CertPEM, expired.CertPEM, leaf.CertPEM, signing.CertPEM))
-	read := func(written string) *caSet {
+	record := string(slices.Concat(served.CertPEM, unserved.CertPEM, compromised.CertPEM, expired.CertPEM, leaf.CertPEM, signing.CertPEM))
+	read := func(written string, last *caSet, peerServes func(*x509.Certificate) bool) []*x509.Certificate {
 		st := &caSet{signing: signing, bundle: []*x509.Certificate{signing.Cert}}
 		st.ops.compromised = Fingerprint(compromised.Cert)
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{WrittenBundleAnnotation: record, WrittenCAAnnotation: written}}}
-		addRecordedTrust(st, s, "test", testNow)
-		return st
+		st.recorded = recordedBundle(s, st, "test")
+		trustRecorded(st, stepInput{now: testNow, read: st, last: last, peerServes: peerServes})
+		return st.bundle
 	}
-	st := read(Fingerprint(kept.Cert))
-	require.Equal(t, []*x509.Certificate{signing.Cert, kept.Cert}, st.bundle, "rewritten since the last write: the recorded CAs still valid and not marked, never a leaf, never twice")
-	require.Equal(t, []*x509.Certificate{signing.Cert}, read(Fingerprint(signing.Cert)).bundle, "the Authority's own write: the data are the record")
-	require.Equal(t, []*x509.Certificate{signing.Cert}, read("").bundle, "no write of the Authority's")
+	peerServes := func(c *x509.Certificate) bool { return !c.Equal(unserved.Cert) }
+	rewritten := Fingerprint(served.Cert)
+	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert}, read(rewritten, nil, peerServes), "rewritten since the last write: the recorded CAs still valid, not marked and that a peer may serve; never a leaf, never twice")
+	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert, unserved.Cert}, read(rewritten, nil, nil), "without announcements every valid recorded CA")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read(rewritten, &caSet{signing: signing}, peerServes), "a process with a state in force keeps its own memory")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read(Fingerprint(signing.Cert), nil, peerServes), "the Authority's own write: the data are the record")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read("", nil, peerServes), "no write of the Authority's")
 
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}}
-	s.Data = map[string][]byte{"ca.crt": kept.CertPEM}
+	s.Data = map[string][]byte{"ca.crt": served.CertPEM}
 	writeBundleRecord(s, LayoutEvercert)
 	require.NotContains(t, s.Annotations, WrittenBundleAnnotation, "the Authority's own layout has no old rotator to survive")
 	writeBundleRecord(s, LayoutKnative)
-	require.Equal(t, string(kept.CertPEM), s.Annotations[WrittenBundleAnnotation])
+	require.Equal(t, string(served.CertPEM), s.Annotations[WrittenBundleAnnotation])
 }

@@ -277,6 +277,9 @@ func (r *replicaSet) setRoots(st *caSet) {
 	for _, c := range st.bundle {
 		add(c)
 	}
+	for _, c := range st.recorded {
+		add(c)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rootsKnown && len(roots) == len(r.roots) && slices.Equal(st.replicaNames, r.otherNames) {

@@ -590,9 +590,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.retire = parseRetirements(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
-	if s.last == nil {
-		addRecordedTrust(st, secret, s.cfg.Name, now)
-	}
+	st.recorded = recordedBundle(secret, st, s.cfg.Name)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
 		written: secret.Annotations[WrittenCAAnnotation]})

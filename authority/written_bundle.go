@@ -1,8 +1,8 @@
 package authority
 
 import (
+	"crypto/x509"
 	"slices"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -40,28 +40,45 @@ func writeBundleRecord(s *corev1.Secret, layout SecretLayout) {
 	s.Annotations[WrittenBundleAnnotation] = string(s.Data[dynamiccert.SecretCAKey])
 }
 
-// addRecordedTrust adds to st, the state read by a process that has none in
-// force yet, the CAs of WrittenBundleAnnotation that are still valid and not
-// marked compromised or dropped, when the data were rewritten since the
-// Authority's last write: WrittenCAAnnotation names a CA other than the
-// one that signs now, as after the old rotator's rewrite. A replica with a
-// state in force keeps its own memory of what it served (foreignWriter's
-// trim), and the Authority's own writes need no record. A record that does
-// not parse is left out and logged: what the replica trusts is then the
-// Secret's data, as before the record existed.
-func addRecordedTrust(st *caSet, s *corev1.Secret, name string, now time.Time) {
+// recordedBundle returns the CAs of WrittenBundleAnnotation when the data
+// were rewritten since the Authority's last write of st's Secret s:
+// WrittenCAAnnotation names a CA other than the one that signs now, as
+// after the old rotator's rewrite; nil otherwise (the Authority's own
+// writes need no record). A record that does not parse is left out and
+// logged: what the replica trusts is then the Secret's data, as before the
+// record existed.
+func recordedBundle(s *corev1.Secret, st *caSet, name string) []*x509.Certificate {
 	rec, written := s.Annotations[WrittenBundleAnnotation], s.Annotations[WrittenCAAnnotation]
 	if rec == "" || st.signing == nil || written == "" || written == Fingerprint(st.signing.Cert) {
-		return
+		return nil
 	}
 	certs, err := pki.ParseCABundle([]byte(rec))
 	if err != nil || len(certs) > maxRecordedTrust {
 		klog.Background().Info("Ignoring the CA secret's record of the CAs the Authority wrote last", "provider", name, "annotation", WrittenBundleAnnotation, "certificates", len(certs), "err", err)
+		return nil
+	}
+	return certs
+}
+
+// trustRecorded adds to st, the state read by a process that has none in
+// force yet (in.last is nil), the recorded CAs (caSet.recorded) that a peer
+// may serve a leaf of: still valid, not marked compromised or dropped, and
+// announced by a peer's Lease (in.peerServes; every one without
+// announcements). A replica with a state in force keeps its own memory of
+// what it served (foreignWriter's trim). The old rotator's CAs that no
+// peer serves stay out: each replica of a rolling update adopts the
+// rewrite it reads first, and carrying the whole record forward kept one
+// of them per rewrite (the simulator's A2).
+func trustRecorded(st *caSet, in stepInput) {
+	if in.last != nil {
 		return
 	}
-	for _, c := range certs {
+	for _, c := range st.recorded {
 		fp := Fingerprint(c)
-		if !c.IsCA || !now.Before(c.NotAfter) || fp == st.ops.compromised || slices.Contains(st.ops.dropped, fp) || containsCert(st.bundle, c) {
+		if !c.IsCA || !in.now.Before(c.NotAfter) || fp == st.ops.compromised || slices.Contains(st.ops.dropped, fp) || containsCert(st.bundle, c) {
+			continue
+		}
+		if in.peerServes != nil && !in.peerServes(c) {
 			continue
 		}
 		st.bundle = append(st.bundle, c)
