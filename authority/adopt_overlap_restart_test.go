@@ -27,6 +27,11 @@ import (
 // pods still ran, until a's adoption at the end of its quiet period. The
 // old rotators keep the annotations, so b now takes O1 from the record of
 // the bundle the Authority wrote last (WrittenBundleAnnotation).
+//
+// With announcements b trusts a recorded CA only once a peer's Lease
+// announces a leaf of it (trustRecorded), judged against the recorded CAs
+// too (replicaSet.setRoots): without them among the roots, a's
+// announcement does not chain to the Secret b reads and b left O1 out.
 func TestForeignWriterRestartedPeerKeepsHoldingPeersCA(t *testing.T) {
 	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
 	ctx := context.Background()
@@ -44,6 +49,32 @@ func TestForeignWriterRestartedPeerKeepsHoldingPeersCA(t *testing.T) {
 	b := attackAuthority(t, client, clk, "restarted-b", adopting)
 	require.NoError(t, b.RunOnce(ctx))
 	require.NotEmpty(t, a.Status().ForeignWriter, "a has not read b's write yet: it holds")
+	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
+	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
+}
+
+// TestForeignWriterRestartedPeerKeepsAnnouncedCA is the same with replica
+// announcements, a in its Run loops: b trusts a recorded CA only once a
+// peer's Lease announces a leaf of it (trustRecorded), and believes that
+// announcement only with the recorded CAs among the roots it must chain to
+// (replicaSet.setRoots). Without them b left O1 out again: x509:
+// certificate signed by unknown authority.
+func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	announced := func(c *Config) { c.Adopt, c.DisableReplicaAnnouncements = LayoutCertController, false }
+	a := runAdopting(t, client, clk, "holding-a", LayoutCertController, announced)
+	waitFor(t, "a's adoption and its Lease announcing a leaf of O1", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		l, err := client.CoordinationV1().Leases("ns").List(context.Background(), metav1.ListOptions{})
+		require.NoError(t, err)
+		return !cc && a.Leaf() != nil && a.Leaf().CheckSignatureFrom(o1.ca.Cert) == nil && len(l.Items) == 1 && l.Items[0].Annotations[LeafAnnotation] != ""
+	})
+	waitWaiters(t, clk, 1)
+	old.rewrite() // its answer to the adoption; then its pods are gone
+	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
+
+	b := attackAuthority(t, client, clk, "restarted-b", announced)
+	require.NoError(t, b.RunOnce(context.Background()))
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
 }
