@@ -11,17 +11,17 @@ import (
 	"github.com/evercert/evercert/internal/pki"
 )
 
-// WrittenBundleAnnotation records, on every write of an Authority that adopts
-// another rotator's Secret (Config.Adopt), the CAs it wrote to ca.crt, as
-// PEM. The old rotator's rewrites replace the data (cert-controller and
-// cert-manager their own keys, knative all of them) but keep the
-// annotations, so a replica that starts while another replica holds on
-// those rewrites (foreignWriter) still learns the CAs its peers serve
-// leaves of: a Lease names them by fingerprint only. Without the record
-// such a replica adopted the rewrite alone and wrote and published a
-// bundle without the CA of its holding peers' leaves (the simulator's S1,
-// TestForeignWriterRestartedPeerKeepsHoldingPeersCA). Not written in the
-// Authority's own layout (no old rotator writes there).
+// WrittenBundleAnnotation records, on every write of an Authority that
+// adopts another rotator's Secret (Config.Adopt), the CA bundle it wrote to
+// ca.crt, as PEM. While the other rotator's pods still run, they rewrite
+// the data (cert-controller and cert-manager their own keys, knative all of
+// them) and keep the annotations. A replica that starts then (a restart, a
+// rolling update's next pod) learns from the record the CAs its peers still
+// serve leaves of: it trusts each recorded CA that is still valid, not
+// marked compromised, and that a peer's Lease announces a leaf of (every
+// one without announcements). Without the record it adopted the rewrite
+// alone and published a bundle without its holding peers' CA. Not written
+// in the Authority's own layout, which no other rotator writes.
 const WrittenBundleAnnotation = "evercert.io/written-ca-bundle"
 
 // maxRecordedTrust bounds the CAs taken from WrittenBundleAnnotation: the
