@@ -8,7 +8,7 @@ BENCH     ?= .
 BENCHTIME ?= 1s
 COUNT     ?= 6
 
-.PHONY: all build deps test test-unit test-sim test-budget simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy generate-kustomize image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench docs-figures verify run fuzz clean
+.PHONY: simulate-adopt all build deps test test-unit test-sim test-budget simulate test-alloc test-alloc-server test-fips test-alerts test-controller-runtime test-grpc test-controllerruntime-lib test-deploy generate-kustomize image test-migrate test-operator-e2e test-cli test-hsm soak soak-short soak-run bench docs-figures verify run fuzz clean
 
 all: build
 
@@ -77,6 +77,15 @@ SEEDS ?= 100000
 SIM_FIRST ?= 1
 simulate:
 	$(GO) test -count=1 -v -timeout 0 -run '^(TestSimulate|TestSimulateFindsMutations)$$' ./authority/ -args -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.hand-edits -sim.mutations -sim.long-mutations 2>&1 | grep -vE '^[EIW][0-9]{4} '
+
+## simulate-adopt: the adoption plans (1 seed in 5: the old rotator's pods
+## still rewriting cert-controller's Secret while the replicas run;
+## invariants A1-A3), not part of make test while some of their seeds still
+## break an invariant: every violating seed of SEEDS from SIM_FIRST, listed
+## by invariant (-sim.census). Their regressions and mutations run in make
+## test-sim.
+simulate-adopt:
+	$(GO) test -count=1 -v -timeout 0 -run '^TestSimulate$$' ./authority/ -args -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.adopt -sim.census 2>&1 | grep -E '^(--- |ok |FAIL)|seeds in|census:'
 
 ## test-alloc: the zero-allocation promise of the handshake path, checked
 ## without -race (the race detector allocates, so these tests are built only
