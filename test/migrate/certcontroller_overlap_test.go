@@ -15,8 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/evercert/evercert/authority"
 )
@@ -43,10 +41,7 @@ import (
 // (see migrateWhileOldRuns).
 func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
 	e := startEnv(t)
-	mgr, err := manager.New(e.cluster.Config(), manager.Options{
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-	})
-	require.NoError(t, err)
+	mgr := e.certControllerManager()
 	ready := make(chan struct{})
 	certDir := t.TempDir()
 	require.NoError(t, rotator.AddRotator(mgr, &rotator.CertRotator{
