@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/evercert/evercert/authority"
 )
@@ -41,7 +43,10 @@ import (
 // (see migrateWhileOldRuns).
 func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
 	e := startEnv(t)
-	mgr := e.certControllerManager()
+	mgr, err := manager.New(e.cluster.Config(), manager.Options{
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	})
+	require.NoError(t, err)
 	ready := make(chan struct{})
 	certDir := t.TempDir()
 	require.NoError(t, rotator.AddRotator(mgr, &rotator.CertRotator{

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -31,7 +30,10 @@ import (
 func TestMigrateFromCertController(t *testing.T) {
 	t.Parallel()
 	e := startEnv(t)
-	mgr := e.certControllerManager()
+	mgr, err := manager.New(e.cluster.Config(), manager.Options{
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	})
+	require.NoError(t, err)
 	ready := make(chan struct{})
 	certDir := t.TempDir()
 	require.NoError(t, rotator.AddRotator(mgr, &rotator.CertRotator{
@@ -78,19 +80,4 @@ func TestMigrateFromCertController(t *testing.T) {
 		stopMgr()
 		require.NoError(t, <-mgrDone)
 	})
-}
-
-// certControllerManager is the old operator's manager, for AddRotator.
-// cert-controller names its controller "cert-rotator", and controller-runtime
-// refuses two controllers of one name in a process; the two tests that run
-// cert-controller share this test binary (in a cluster each operator is its
-// own process), so their managers skip that check.
-func (e *env) certControllerManager() manager.Manager {
-	skip := true
-	mgr, err := manager.New(e.cluster.Config(), manager.Options{
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: &skip},
-	})
-	require.NoError(e.t, err)
-	return mgr
 }
