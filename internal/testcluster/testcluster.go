@@ -359,11 +359,17 @@ func (c *Cluster) baseConfig() *rest.Config {
 	}
 }
 
-// logTails writes the last lines of both logs to t.Log.
+// logTails writes the last lines of both logs to t.Log. Few: they come
+// after the test's own failure message, and CI shows only the end of a
+// failed test's output (a failure in stop 42 lost its message behind 100
+// lines of etcd and kube-apiserver start-up).
 func (c *Cluster) logTails(t testing.TB) {
 	t.Helper()
-	for _, l := range []struct{ name, path string }{{"etcd", c.etcdLog}, {"kube-apiserver", c.apiLog}} {
-		t.Logf("testcluster: last %d lines of %s log (%s):\n%s", logTailLines, l.name, l.path, tail(l.path, logTailLines))
+	for _, l := range []struct {
+		name, path string
+		lines      int
+	}{{"etcd", c.etcdLog, 5}, {"kube-apiserver", c.apiLog, 15}} {
+		t.Logf("testcluster: last %d lines of %s log (%s):\n%s", l.lines, l.name, l.path, tail(l.path, l.lines))
 	}
 }
 
