@@ -222,13 +222,14 @@ image:
 ## runs for real and writes its Secret, then evercert replicas adopt it
 ## (authority.Config.Adopt) while the real kube-apiserver calls a webhook
 ## (failurePolicy Fail); 0 failed calls across the switch and the first
-## observed CA rotation; and (TestMigrateFromCertControllerWhileItRotates) with the old tool
-## still writing while the replicas start (issue 27 §8): held, reported, then
-## adopted once, ca.crt at most 3 CAs, 0 failed calls once it stopped.
+## observed CA rotation; and (TestMigrateFrom{CertController,CertManager,Knative}WhileItRotates)
+## with the old tool still writing while the replicas start (issue 27 §8):
+## held, reported, then adopted once, ca.crt at most 3 CAs, 0 failed calls
+## once it stopped.
 ## test/migrate is its own module, so the library takes
 ## none of the tools' dependencies. Fails if a test did not run.
 ## -race stays: the adopting Authority replicas run in the test process.
-MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative TestMigrateFromCertControllerWhileItRotates
+MIGRATE_TESTS := TestMigrateFromCertController TestMigrateFromCertManager TestMigrateFromKnative TestMigrateFromCertControllerWhileItRotates TestMigrateFromCertManagerWhileItRotates TestMigrateFromKnativeWhileItRotates
 test-migrate: kube-bin
 	@mkdir -p $(CURDIR)/tmp
 	cd test/migrate && $(CURDIR)/hack/gotest.sh $(CURDIR)/tmp/migrate.log env EVERCERT_KUBE_BIN=$(CURDIR)/hack/tools/bin $(GO) test -race -count=1 -v -timeout 20m ./...

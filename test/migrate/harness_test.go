@@ -458,8 +458,26 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 	require.NoError(e.t, err)
 	cas := parsePEM(e.t, after.Data["ca.crt"])
 	n := len(cas)
+	// When each CA kept for a served leaf leaves ca.crt (the trim's
+	// record), and which CA each replica's leaf chains to: what a CA in
+	// ca.crt at the end is kept for.
+	retire := map[string]string{}
+	for entry := range strings.SplitSeq(after.Annotations[authority.RetireAfterAnnotation], ",") {
+		if fp, at, ok := strings.Cut(entry, "="); ok {
+			retire[fp] = at
+		}
+	}
 	for _, c := range cas {
-		e.t.Logf("%s migration with %s still writing: ca.crt at the end holds %q serial %s, valid %s to %s", tool, tool, c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+		e.t.Logf("%s migration with %s still writing: ca.crt at the end (%s) holds %q serial %x, valid %s to %s, retire-after %q", tool, tool, time.Now().UTC().Format(time.RFC3339), c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339), retire[authority.Fingerprint(c)])
+	}
+	for _, r := range rs {
+		if leaf := r.a.Leaf(); leaf != nil {
+			for _, c := range cas {
+				if leaf.CheckSignatureFrom(c) == nil {
+					e.t.Logf("%s migration with %s still writing: %s serves a leaf until %s of %q serial %x", tool, tool, r.a.Name(), leaf.NotAfter.Format(time.RFC3339), c.Subject.CommonName, c.SerialNumber)
+				}
+			}
+		}
 	}
 	if failedAll > 0 {
 		e.t.Logf("%s migration with %s still writing: the first failed calls: %s", tool, tool, l.errors())
