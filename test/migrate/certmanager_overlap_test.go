@@ -39,10 +39,11 @@ const cmCommonName = "cert-manager-webhook-ca"
 // ca.crt not byte-equal to tls.crt ("Different data in ca.crt and
 // tls.crt."), an unparsable pair, tls.crt not a CA, or less than a third
 // of the CA's lifetime left. evercert's layout keeps every CA still
-// trusted in ca.crt, and its replicas publish a successor at once for
-// cert-manager's 3-minute CA here (ca.crt = adopted CA + successor), so
-// the event of evercert's first write makes cert-manager regenerate
-// within the informer's latency, and every later adoption by the
+// trusted in ca.crt, and its replicas publish a successor within their
+// first checks for cert-manager's 3-minute CA here (ca.crt = adopted CA +
+// successor; 18s after they started in a run on 2026-11-30), so the event
+// of that write makes cert-manager regenerate within the informer's
+// latency (the same second in that run), and every later adoption by the
 // replicas (the held CA plus the CAs served leaves need) does the same:
 // cert-manager answers each adoption with a new CA, as cert-controller
 // does. Its 3-minute CA would also be regenerated two minutes after it
