@@ -66,6 +66,7 @@ const cmCommonName = "cert-manager-webhook-ca"
 // checked: each rewrite swaps cert-manager's new CA alone into the
 // caBundle (the cainjector's copy of ca.crt).
 func TestMigrateFromCertManagerWhileItRotates(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	src := &cmtls.DynamicSource{
 		DNSNames: []string{dnsName},

@@ -65,6 +65,7 @@ import (
 // certificate, and after it they serve a leaf of a CA that only the
 // rewrite's caBundle trusts.
 func TestMigrateFromKnativeWhileItRotates(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	secrets := e.client.CoreV1().Secrets(ns)
 
