@@ -114,21 +114,28 @@ func TestTrustRecorded(t *testing.T) {
 	signing, served, unserved, compromised, expired := ca("rewrite", 48*time.Hour), ca("served", 48*time.Hour), ca("unserved", 48*time.Hour), ca("compromised", 48*time.Hour), ca("expired", 30*time.Minute)
 	leaf := issueTestPair(t, "leaf", testNow, time.Hour)
 	record := string(slices.Concat(served.CertPEM, unserved.CertPEM, compromised.CertPEM, expired.CertPEM, leaf.CertPEM, signing.CertPEM))
-	read := func(written string, last *caSet, peerServes func(*x509.Certificate) bool) []*x509.Certificate {
+	m := machine{writer: &foreignWriter{retireIn: time.Hour}}
+	store := &secretStore{cfg: &Config{Name: "test"}}
+	var retire retirements
+	read := func(written string, last *caSet, peerServes func(*x509.Certificate) bool, blind string) []*x509.Certificate {
 		st := &caSet{signing: signing, bundle: []*x509.Certificate{signing.Cert}}
 		st.ops.compromised = Fingerprint(compromised.Cert)
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{WrittenBundleAnnotation: record, WrittenCAAnnotation: written}}}
-		st.recorded = recordedBundle(s, st, "test")
-		trustRecorded(st, stepInput{now: testNow, read: st, last: last, peerServes: peerServes})
+		st.recorded = store.recordedBundle(s, st)
+		m.trustRecorded(st, stepInput{now: testNow, read: st, last: last, peerServes: peerServes, obs: observation{blind: func() string { return blind }}})
+		retire = st.retire
 		return st.bundle
 	}
 	peerServes := func(c *x509.Certificate) bool { return !c.Equal(unserved.Cert) }
 	rewritten := Fingerprint(served.Cert)
-	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert}, read(rewritten, nil, peerServes), "rewritten since the last write: the recorded CAs still valid, not marked and that a peer may serve; never a leaf, never twice")
-	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert, unserved.Cert}, read(rewritten, nil, nil), "without announcements every valid recorded CA")
-	require.Equal(t, []*x509.Certificate{signing.Cert}, read(rewritten, &caSet{signing: signing}, peerServes), "a process with a state in force keeps its own memory")
-	require.Equal(t, []*x509.Certificate{signing.Cert}, read(Fingerprint(signing.Cert), nil, peerServes), "the Authority's own write: the data are the record")
-	require.Equal(t, []*x509.Certificate{signing.Cert}, read("", nil, peerServes), "no write of the Authority's")
+	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert}, read(rewritten, nil, peerServes, ""), "rewritten since the last write: the recorded CAs still valid, not marked and that a peer may serve; never a leaf, never twice")
+	require.Equal(t, retirements{Fingerprint(served.Cert): testNow.Add(time.Hour)}, retire, "retired once its leaves can have expired, unless a peer still serves one")
+	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert, unserved.Cert}, read(rewritten, nil, nil, ""), "without announcements every valid recorded CA")
+	require.Empty(t, retire, "without announcements a peer's leaf is unknown: kept until it expires")
+	require.Equal(t, []*x509.Certificate{signing.Cert, served.Cert, unserved.Cert}, read(rewritten, nil, peerServes, "listing Leases is forbidden"), "a process that cannot see the Leases takes every valid recorded CA")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read(rewritten, &caSet{signing: signing}, peerServes, ""), "a process with a state in force keeps its own memory")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read(Fingerprint(signing.Cert), nil, peerServes, ""), "the Authority's own write: the data are the record")
+	require.Equal(t, []*x509.Certificate{signing.Cert}, read("", nil, peerServes, ""), "no write of the Authority's")
 
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}}
 	s.Data = map[string][]byte{"ca.crt": served.CertPEM}

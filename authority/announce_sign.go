@@ -278,7 +278,10 @@ func (r *replicaSet) setRoots(st *caSet) {
 		add(c)
 	}
 	for _, c := range st.recorded {
-		add(c)
+		// As trustRecorded takes them: never one the operator marked.
+		if fp := Fingerprint(c); fp != st.ops.compromised && !slices.Contains(st.ops.dropped, fp) {
+			add(c)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -249,7 +249,7 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	}
 	// After the judge: a peer's leaf of a recorded CA is believed only
 	// once the CA is among the roots it chains to.
-	trustRecorded(st, in)
+	m.trustRecorded(st, in)
 	if st.next != nil {
 		// A successor found published at this process's first read is
 		// inherited: its delay runs from the recorded publication and it
