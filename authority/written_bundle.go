@@ -1,8 +1,8 @@
 package authority
 
 import (
-	"fmt"
 	"crypto/x509"
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
