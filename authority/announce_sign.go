@@ -277,6 +277,12 @@ func (r *replicaSet) setRoots(st *caSet) {
 	for _, c := range st.bundle {
 		add(c)
 	}
+	for _, c := range st.recorded {
+		// As trustRecorded takes them: never one the operator marked.
+		if fp := Fingerprint(c); fp != st.ops.compromised && !slices.Contains(st.ops.dropped, fp) {
+			add(c)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rootsKnown && len(roots) == len(r.roots) && slices.Equal(st.replicaNames, r.otherNames) {

@@ -452,6 +452,7 @@ type secretStore struct {
 	keys      *caKeys      // nil: CA keys are PEM in the Secret
 	reads     *secretReads // the watch's cache, or a GET (see secretReads)
 	waiting   errlog.Once  // logs the wait for a pre-created Secret once
+	recordLog errlog.Once  // logs a WrittenBundleAnnotation not used whole, once
 	last      *caSet
 	lastWrite string // resourceVersion of our last write, for logs
 	// ownNames is this replica's leaf names, added to the Secret's
@@ -590,6 +591,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.retire = parseRetirements(secret)
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
+	st.recorded = s.recordedBundle(secret, st)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
 		written: secret.Annotations[WrittenCAAnnotation]})
@@ -839,6 +841,7 @@ func writeAuthoritySecret(st *caSet, s *corev1.Secret, layout SecretLayout) {
 		s.Annotations = map[string]string{}
 	}
 	s.Annotations[WrittenCAAnnotation] = Fingerprint(st.signing.Cert)
+	writeBundleRecord(s, layout)
 	writeOperatorHandled(st.ops, s)
 	st.unsafe.write(s)
 	st.retire.write(s, st.bundle)

@@ -32,23 +32,35 @@ type operatorRequests struct {
 // pending reports whether the Secret, read as st, carries an operator's
 // request not acted on yet or an emergency that is not over: a rotation
 // requested and not handled, a compromised mark not handled (the
-// emergency is done once the mark's CA left the Secret: cHandled), or a
-// dropped successor still in it. Such a Secret is evercert's state to act
+// emergency is done once the mark's CA left the Secret: cHandled) that
+// names a CA of st or of last (the state this process has in force; nil
+// before its first), or a dropped successor still in it. Such a Secret is evercert's state to act
 // on at once, never a foreign writer's rewrite to hold
 // (foreignWriter.rewritten). A handled request is not: the annotations stay
 // on the Secret for good (the requests are the operator's, and the
 // Authority never removes them), and the old rotator's Update keeps them,
 // so counting them turned the hold off for the rest of an overlap once an
 // operator had asked for anything (a review found ca.crt collecting one CA
-// per rewrite again).
-func (o operatorRequests) pending(st *caSet) bool {
-	if o.rotateRequested != "" && o.rotateRequested != o.rotateHandled || o.compromised != "" && o.compromised != o.cHandled {
+// per rewrite again). Nor is a mark that names no CA of st or last: the
+// emergency ignores it (decide: an Event, never recorded handled), and the
+// old rotator's Update keeps it on the Secret too (an operator's typo, or
+// a CA its rewrite replaced before any replica acted on the mark: the
+// simulator found every later rewrite adopted at once).
+func (o operatorRequests) pending(st, last *caSet) bool {
+	if o.rotateRequested != "" && o.rotateRequested != o.rotateHandled {
 		return true
 	}
-	return slices.ContainsFunc(o.dropped, func(fp string) bool {
-		return st.signing != nil && Fingerprint(st.signing.Cert) == fp || st.next != nil && Fingerprint(st.next.Cert) == fp ||
-			slices.ContainsFunc(st.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
-	})
+	if o.compromised != "" && o.compromised != o.cHandled && (st.holdsFingerprint(o.compromised) || last != nil && last.holdsFingerprint(o.compromised)) {
+		return true
+	}
+	return slices.ContainsFunc(o.dropped, st.holdsFingerprint)
+}
+
+// holdsFingerprint reports whether fp is the Fingerprint of cs's signing
+// CA, its successor or a CA of its bundle.
+func (cs *caSet) holdsFingerprint(fp string) bool {
+	return cs.signing != nil && Fingerprint(cs.signing.Cert) == fp || cs.next != nil && Fingerprint(cs.next.Cert) == fp ||
+		slices.ContainsFunc(cs.bundle, func(c *x509.Certificate) bool { return Fingerprint(c) == fp })
 }
 
 // Annotations the Authority keeps about an emergency rotation, beside the

@@ -219,7 +219,7 @@ func (w *foreignWriter) rewritten(in stepInput) bool {
 	if in.last == nil || st.signing == nil || in.last.knows(st.signing.Cert) || w.wasTrimmedLocked(st.signing.Cert, in.now) {
 		return false
 	}
-	if st.ops.pending(st) {
+	if st.ops.pending(st, in.last) {
 		// An operator's request or an emergency not over yet, in any
 		// layout: acted on at once, whatever the old rotator does. A
 		// handled one stays on the Secret and does not count (pending).
@@ -295,6 +295,15 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 			if w.anchor == nil && in.last.signing != nil {
 				w.anchor = in.last.signing.Cert
 			}
+			if in.last.signing != nil && !in.last.signing.Cert.Equal(w.anchor) {
+				// The CA that signed during the overlap, since an
+				// adoption the old tool answered (its own, or one of
+				// ours: knative's CA has no key, so each round makes one
+				// of ours sign): kept while served, then retired, like
+				// the old tool's (a run on the real kube-apiserver kept
+				// one of ours per round until it expired).
+				w.rememberLocked(in.last.signing.Cert)
+			}
 			klog.Background().Info("Another writer keeps rewriting the CA secret; holding", "provider", w.name, "secret", w.key, "layout", string(w.layout), "caSerial", serial(st.signing.Cert))
 			w.report.Event(corev1.EventTypeWarning, dynamiccert.ReasonForeignCASecretWriter, certreport.ActionLoad,
 				fmt.Sprintf("CA secret %s: %s. Stop the old rotator (remove it from the old pods, or scale them down).", w.key, w.why))
@@ -305,7 +314,7 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 	if left := w.since.Add(w.wait).Sub(now); left > 0 {
 		serve := in.last.clone()
 		serve.bundle = slices.Clone(serve.bundle)
-		if !containsCert(serve.bundle, st.signing.Cert) {
+		if !containsCert(serve.bundle, st.signing.Cert) && !mutations.holdOmitsForeignCA {
 			serve.bundle = append(serve.bundle, st.signing.Cert)
 		}
 		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false

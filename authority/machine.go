@@ -102,6 +102,13 @@ var mutations struct {
 	// propagation delay, which R1 (start only) and L1 (some replica
 	// ready) do not see and R2 does. Zero: off.
 	catchUpAfter time.Time
+	// trimIgnoresPeers: the trim after another writer's rewrites keeps
+	// only this replica's CAs, as if no live peer announced a leaf.
+	trimIgnoresPeers bool
+	// holdOmitsForeignCA: a replica that holds on another writer's
+	// rewrites serves its last bundle as it was, without that writer's
+	// current CA.
+	holdOmitsForeignCA bool
 }
 
 // stepInput is what one check read.
@@ -240,6 +247,9 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 		// what it lacks (an unknown publication time) from its own clock.
 		skew, waiting = m.judge(st, now)
 	}
+	// After the judge: a peer's leaf of a recorded CA is believed only
+	// once the CA is among the roots it chains to.
+	m.trustRecorded(st, in)
 	if st.next != nil {
 		// A successor found published at this process's first read is
 		// inherited: its delay runs from the recorded publication and it
@@ -300,7 +310,11 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	}
 	var keep []*x509.Certificate // nil: all that last had
 	if trim && in.last != nil {
-		keep = m.writer.kept(in.last, in.serving, in.peerServes)
+		peerServes := in.peerServes
+		if mutations.trimIgnoresPeers && peerServes != nil {
+			peerServes = func(*x509.Certificate) bool { return false }
+		}
+		keep = m.writer.kept(in.last, in.serving, peerServes)
 		if st.next != nil && !containsCert(st.bundle, st.next.Cert) && in.last.knows(st.next.Cert) {
 			// Our successor, left in the Secret by a writer that rewrote
 			// only its own keys (cert-manager keeps next.crt): it was

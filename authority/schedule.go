@@ -35,8 +35,14 @@ type rotation struct {
 // published in the bundle but not signing yet, and every CA clients should
 // still trust.
 type caSet struct {
-	signing   *pki.Issued
-	next      *pki.Issued
+	signing *pki.Issued
+	next    *pki.Issued
+	// recorded are the CAs of WrittenBundleAnnotation in a Secret
+	// rewritten since the Authority's last write (recordedBundle): a
+	// peer's announced leaf may chain to one (replicaSet.setRoots), and a
+	// process with no state in force trusts those a peer serves
+	// (trustRecorded). Read only, never written as such.
+	recorded  []*x509.Certificate
 	nextSince time.Time // when next joined the bundle, on the publisher's clock
 	// seenSince is when this process first saw next, on its own clock: it
 	// is not stored, each process keeps its own. The minimum delay runs

@@ -59,6 +59,8 @@ var (
 	simMutSeeds    = flag.Int("sim.mutation-seeds", 3000, "most seeds TestSimulateFindsMutations tries per mutation")
 	simLongMut     = flag.Bool("sim.long-mutations", false, "TestSimulateFindsMutations also restores the rules that take many seeds to catch (make simulate)")
 	simHandEdits   = flag.Bool("sim.hand-edits", false, "TestSimulate draws hand edits of the Secret (paste, garble, delete) among its faults")
+	simAdoptFlag   = flag.Bool("sim.adopt", false, "TestSimulate draws adoption plans too (1 seed in 5): the old rotator's pods still rewriting cert-controller's Secret; open, some seeds still break an invariant (make simulate-adopt)")
+	simCensus      = flag.Bool("sim.census", false, "TestSimulate runs every seed and lists each violating one by invariant, instead of stopping at the first")
 	simPlanOnly    = flag.String("sim.plan", "", "run only this schedule, as a failure prints it (a shrunk one: its lines joined with \\n or real newlines), logging its events")
 )
 
@@ -193,6 +195,10 @@ type simPlan struct {
 	// consumers (pods mounting it) follow it with simCTBLag; nil or none
 	// set: no ClusterTrustBundle.
 	CTB []bool
+	// Adopt: the run starts on a Secret in cert-controller's layout, which
+	// every replica adopts (simulate_adopt_test.go); only such plans draw
+	// oldrot faults.
+	Adopt bool
 }
 
 func (p simPlan) String() string {
@@ -215,6 +221,9 @@ func (p simPlan) String() string {
 	}
 	if len(ctb) > 0 {
 		fmt.Fprintf(&b, ", ClusterTrustBundle [%s]", strings.Join(ctb, " "))
+	}
+	if p.Adopt {
+		b.WriteString(", " + simAdoptHead)
 	}
 	for _, f := range p.Faults {
 		b.WriteString("\n    " + f.String())
@@ -343,6 +352,8 @@ func simDraw(seed int64, kinds []string) simPlan {
 	// Drawn last, and only with the wider fault model, so that the plans
 	// of the routine kinds stay those make test has always searched.
 	p.KeyStore = slices.Contains(kinds, "keys") && rng.Intn(4) == 0
+	// From a source of its own, as the ClusterTrustBundle's.
+	simDrawAdopt(&p)
 	return p
 }
 
@@ -390,11 +401,27 @@ var simMutations = []struct {
 	{"ignore-observers", "S2", "the observer check skipped", false},
 	{"serve-at-once", "S1", "a replica cut off while the others promoted a CA serves it at once to consumers that lack it", false},
 	{"catch-up-at-start", "R1", "a replica that lost the race to create the Secret catches up with its CA, NotReady for the delay", false},
+	{"no-hold", "A2", "issue 27 §8: every rewrite of the old rotator adopted at once (no foreignWriter), each adoption answered with a new CA", false},
+	{"no-retire", "A3", "the old rotator's CAs kept for a leaf served at the trim stay in ca.crt until they expire (ten years)", false},
+	{"hold-omits-foreign-ca", "A1", "a replica holding on the old rotator's rewrites publishes its last bundle without the old rotator's CA, which the old pods serve", false},
+	{"trim-ignores-peers", "S1", "the trim after an overlap drops the CA a live peer's leaf chains to", true},
 	{"catch-up-at-restart", "R2", "a replica restarted or rolled out after the start catches up with a CA every bundle has held for longer than the delay, NotReady for the delay", false},
 }
 
+// simMutationPlans are, for a long mutation, a plan it was found on: make
+// test-sim checks that the invariant catches the mutation there and that
+// the plan passes without it, so the judge stays able to catch it between
+// runs of make simulate. trim-ignores-peers: found after 3879 seeds once a
+// replica that starts during the overlap trusts the recorded bundle
+// (WrittenBundleAnnotation), which covers most of its earlier findings.
+var simMutationPlans = map[simMutation]string{
+	"trim-ignores-peers": "seed 3854: 2 replicas, publishers [r0 r1], 40m0s CAs, 4 faults, CA keys in a key store, adopting cert-controller's Secret\n" +
+		"12m19s kill r0 for 8m0s\n12m58s keys r0 for 15m48s fail\n19m56s oldrot for 12m0s answer 19s\n32m8s rotate",
+}
+
 // simMutate sets the package's mutations for m (trust-watch-forever is set
-// per process, in start) and returns the undo. Not safe while other
+// per process, in start; no-hold and no-retire too, in adoptStarted) and
+// returns the undo. Not safe while other
 // simulations run.
 func simMutate(m simMutation) func() {
 	saved := mutations
@@ -413,6 +440,10 @@ func simMutate(m simMutation) func() {
 		mutations.serveAtOnce = true
 	case "catch-up-at-start":
 		mutations.catchUpAtStart = true
+	case "trim-ignores-peers":
+		mutations.trimIgnoresPeers = true
+	case "hold-omits-foreign-ca":
+		mutations.holdOmitsForeignCA = true
 	case "catch-up-at-restart":
 		// After the fleet's start (R1's ground), early enough that
 		// restarts and rollouts come after it.
@@ -427,8 +458,14 @@ type simStats struct {
 	// r2Procs counts the processes R2 judged: it shows the runs reach
 	// the restarts it is about.
 	r2Procs int
+	// adoptPlans counts the adoption plans run, adoptSettled those whose
+	// overlap A3 judged settled.
+	adoptPlans, adoptSettled int
 	// gaps counts, per open gap (simGaps), the runs that reached it.
 	gaps map[string]int
+	// violated lists, with -sim.census, every violating seed per
+	// invariant.
+	violated map[string][]int64
 }
 
 // ---- the world --------------------------------------------------------
@@ -579,6 +616,10 @@ type simWorld struct {
 	// to reuse their arrays.
 	unprobed []*simProc
 	clients  []simClient
+	// adopt is an adoption plan's old rotator and invariants (nil for
+	// the others); quietExOld is quietSince without the oldrot faults.
+	adopt      *simAdopt
+	quietExOld time.Time
 }
 
 type simAPIFault struct {
@@ -714,6 +755,9 @@ func (w *simWorld) fail(invariant, format string, args ...any) {
 }
 
 func (w *simWorld) run() (*simViolation, simStats) {
+	if w.plan.Adopt {
+		w.adoptInit()
+	}
 	for _, s := range w.slots {
 		w.start(s)
 	}
@@ -784,11 +828,13 @@ func (w *simWorld) start(s *simSlot) {
 	if w.plan.KeyStore {
 		cfg.CAKeys = simKeyStore{w: w, slot: s}
 	}
+	w.adoptStart(&cfg)
 	a, err := New(cfg)
 	if err != nil {
 		panic(err)
 	}
 	p.a = a
+	w.adoptStarted(p, src)
 	p.readiness = RotationCheck(a)
 	if w.mutation == "trust-watch-forever" {
 		a.store.reads.maxAge = 1 << 62
@@ -1074,6 +1120,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		s := a.GetObject().(*corev1.Secret)
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
+		w.adoptReplicaWrote(s)
 		if w.first != "" {
 			// Created again after a delete: a CA no target knows signs
 			// unless a replica wrote back the one it held.
@@ -1096,6 +1143,7 @@ func (w *simWorld) serveSecret(a clienttesting.Action, gr schema.GroupResource) 
 		}
 		s.ResourceVersion = w.nextRV()
 		w.setSecret(s)
+		w.adoptReplicaWrote(s)
 		return true, s.DeepCopy(), nil
 	}
 	return true, nil, fmt.Errorf("simulated API: %s secrets not supported", a.GetVerb())
@@ -1166,6 +1214,7 @@ func (w *simWorld) setSecret(s *corev1.Secret) {
 		}
 		w.at(w.fifo(p, "secret", w.now.Add(time.Duration(w.rng.Intn(int(simWatchLag/time.Millisecond)))*time.Millisecond)), func() { w.deliverSecret(p, snap) })
 	}
+	w.adoptSecretSet()
 }
 
 // hold keeps a watch delivery to paused p for when it runs again: the
@@ -1454,6 +1503,7 @@ func (w *simWorld) publish(hist *[]simBundle, p *simProc, bundle []byte, publish
 		}
 	}
 	*hist = append(*hist, simBundle{at: w.now, fps: fps, by: p.slot.idx})
+	w.adoptPublished(hist, fps)
 	// The publishers' observers notify their Authority.
 	for _, s := range w.slots {
 		if s.proc != nil && publishes(s) {
@@ -1513,6 +1563,9 @@ func (w *simWorld) inject(f simFault) {
 		}
 		if end.After(w.quietSince) {
 			w.quietSince = end
+		}
+		if f.Kind != "oldrot" && end.After(w.quietExOld) {
+			w.quietExOld = end
 		}
 	}
 	var s *simSlot
@@ -1603,6 +1656,8 @@ func (w *simWorld) inject(f simFault) {
 		w.editSecret(f)
 	case "forge":
 		w.forge(s, f.Arg)
+	case "oldrot":
+		w.oldrot(f)
 	}
 }
 
@@ -1738,7 +1793,7 @@ func (w *simWorld) parse() {
 	}
 	w.parsedRV = w.rvOf(w.secret)
 	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs = nil, "", nil, nil
-	if st, err := parseAuthoritySecret(w.secret); err == nil {
+	if st, err := w.adoptParse(w.secret); err == nil {
 		w.parsedCAs = map[string]bool{}
 		for _, c := range st.bundle {
 			w.parsedCAs[Fingerprint(c)] = true
@@ -1801,6 +1856,14 @@ func (w *simWorld) probe(p *simProc) bool { return p.readiness.Check(nil) == nil
 type simClient struct {
 	lag           time.Duration
 	trust, trust0 map[string]bool
+	// had: in an adoption plan, the old rotator's CAs the target ever
+	// held (adoptHad); nil otherwise.
+	had map[string]bool
+	// pinned: in an adoption plan, the old tool decides what this
+	// client of the caBundle target trusts (oldToolPins).
+	pinned bool
+	// of names the target the client follows.
+	of string
 }
 
 // checkServed is S1 for ready replica p: every client verifies its leaf.
@@ -1843,6 +1906,19 @@ func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Dura
 		return false
 	}
 	for _, c := range clients {
+		if c.pinned {
+			// The old tool's pods re-inject their own CA alone into the
+			// caBundle after every change (oldToolPins): what these
+			// clients trust is theirs until they stop. A1 judges the
+			// publishers meanwhile, this check from their end on.
+			continue
+		}
+		if c.had != nil && w.adopt.cas[ca] && !c.had[ca] {
+			// The old rotator's CA, which no publisher of this target
+			// ever published: its trust is the old tool's to give (see
+			// adoptHad); A1 judges the publishers that held meanwhile.
+			continue
+		}
 		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] && c.lag > 0 && c.trust0[ca] {
 			// Known and open: an observer confirms that the target
 			// holds the CA, and a successor confirmed only after its
@@ -1858,7 +1934,7 @@ func (w *simWorld) checkServed(p *simProc, clients []simClient, maxLag time.Dura
 		}
 		if c.trust != nil && !c.trust[ca] && !w.gapCAs[ca] {
 			if apply {
-				w.fail("S1", "caBundle client (lag %v) does not trust CA %s of ready replica r%d", c.lag, short(ca), s.idx)
+				w.fail("S1", "%s client (lag %v) does not trust CA %s of ready replica r%d", c.of, c.lag, short(ca), s.idx)
 			}
 			return true
 		}
@@ -1905,7 +1981,13 @@ func (w *simWorld) checkIssued(p *simProc, ca string) {
 		hist []simBundle
 	}{{"caBundle target", w.target}, {"ClusterTrustBundle", w.ctb}} {
 		n := len(t.hist)
-		if n == 0 || t.hist[n-1].fps[ca] {
+		if n == 0 || t.hist[n-1].fps[ca] || w.adoptNeverHeld(t.hist, ca) {
+			continue
+		}
+		if t.name == "caBundle target" && w.oldToolPins(0) {
+			// The old tool's pods keep the caBundle to their own CA
+			// (oldToolPins); S1 judges this CA's leaves once they are
+			// gone.
 			continue
 		}
 		if w.gaps[gapLostState] && !t.hist[n-1].at.After(w.lostAt) {
@@ -1959,11 +2041,14 @@ func (w *simWorld) checkInvariants() {
 	clients := w.clients[:0]
 	if len(w.target) > 0 {
 		now := trustAt(w.target, w.now, 0)
-		clients = append(clients, simClient{0, now, now}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now})
+		had := w.adoptHad(&w.target)
+		clients = append(clients, simClient{0, now, now, had, w.oldToolPins(0), "caBundle"}, simClient{simTargetLag, trustAt(w.target, w.now, simTargetLag), now, had, w.oldToolPins(simTargetLag), "caBundle"})
 	}
 	if len(w.ctb) > 0 {
 		now := trustAt(w.ctb, w.now, 0)
-		clients = append(clients, simClient{0, now, now}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now})
+		had := w.adoptHad(&w.ctb)
+		// No old tool writes a ClusterTrustBundle.
+		clients = append(clients, simClient{0, now, now, had, false, "ClusterTrustBundle"}, simClient{simCTBLag, trustAt(w.ctb, w.now, simCTBLag), now, had, false, "ClusterTrustBundle"})
 	}
 	w.clients = clients
 	// The plan's durations, looked up once per event rather than copying
@@ -2127,6 +2212,8 @@ func (w *simWorld) checkInvariants() {
 				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
 		}
 	}
+	// A1, A2, A3: an adoption plan's old rotator (simulate_adopt_test.go).
+	w.checkAdopt(clients)
 }
 
 // settledProc reports whether some process has been running for simSettle:
@@ -2194,6 +2281,9 @@ func (w *simWorld) stillValid(fp string) bool {
 	}
 	if w.secret != nil && slices.Contains(parseOperatorRequests(w.secret).dropped, fp) {
 		return false // a successor dropped in an emergency
+	}
+	if !w.stillValidAdopt(fp) {
+		return false
 	}
 	end, ok := simNotAfter.Load(fp)
 	return !ok || w.now.Before(end.(time.Time))
@@ -2286,7 +2376,7 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 					return
 				}
 				mu.Lock()
-				stop := found != nil && found.Seed < seed
+				stop := !*simCensus && found != nil && found.Seed < seed
 				mu.Unlock()
 				if stop {
 					return
@@ -2299,11 +2389,19 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 				total.checks += st.checks
 				total.leaseWrites += st.leaseWrites
 				total.r2Procs += st.r2Procs
+				total.adoptPlans += st.adoptPlans
+				total.adoptSettled += st.adoptSettled
 				if total.gaps == nil {
 					total.gaps = map[string]int{}
 				}
 				for g, n := range st.gaps {
 					total.gaps[g] += n
+				}
+				if v != nil && *simCensus {
+					if total.violated == nil {
+						total.violated = map[string][]int64{}
+					}
+					total.violated[v.Invariant] = append(total.violated[v.Invariant], seed)
 				}
 				if v != nil && (want == "" || v.Invariant == want) && (found == nil || seed < found.Seed) {
 					found, foundV = &plan, v
@@ -2321,11 +2419,12 @@ func simSearch(first int64, n int, kinds []string, mutation simMutation, want st
 // and the shrunk schedule.
 func TestSimulate(t *testing.T) {
 	simQuietLogs(t)
+	simAdoptDraws = *simAdoptFlag
 	if *simSeedOnly != 0 || *simPlanOnly != "" {
 		plan := simDraw(*simSeedOnly, simKinds())
 		if *simPlanOnly != "" {
 			var err error
-			if plan, err = parseSimPlan(strings.ReplaceAll(*simPlanOnly, `\n`, "\n")); err != nil {
+			if plan, err = parseSimPlanAdopt(strings.ReplaceAll(*simPlanOnly, `\n`, "\n")); err != nil {
 				t.Fatalf("-sim.plan: %v", err)
 			}
 		}
@@ -2340,7 +2439,12 @@ func TestSimulate(t *testing.T) {
 	start := time.Now()
 	plan, v, st, ran := simSearch(*simFirst, *simSeeds, simKinds(), "", "")
 	elapsed := time.Since(start)
-	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2; seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.gaps)
+	t.Logf("%d seeds in %v (%.1f seeds/s): %d events, %d checks, %d Lease writes, %d later processes judged by R2, %d adoption plans (%d judged settled by A3); seeds that reached an open gap: %v", ran, elapsed.Round(time.Millisecond), float64(ran)/elapsed.Seconds(), st.events, st.checks, st.leaseWrites, st.r2Procs, st.adoptPlans, st.adoptSettled, st.gaps)
+	for _, inv := range slices.Sorted(maps.Keys(st.violated)) {
+		seeds := st.violated[inv]
+		slices.Sort(seeds)
+		t.Logf("census: %s violated by %d seeds: %v", inv, len(seeds), seeds)
+	}
 	if v != nil {
 		shrunk := simShrink(*plan, "", v.Invariant)
 		t.Fatalf("%v\nshrunk schedule (replay with -sim.seed=%d for the full one): %s", v, plan.Seed, shrunk)
@@ -2376,9 +2480,16 @@ func TestSimulateFindsMutations(t *testing.T) {
 		t.Skip("run by make test-sim (-sim.mutations), which requires it to pass")
 	}
 	simQuietLogs(t)
+	// Every mutation is searched for among the adoption plans too: four
+	// of them are about the old rotator's rewrites only.
+	simAdoptDraws = true
+	defer func() { simAdoptDraws = *simAdoptFlag }()
 	for _, c := range simMutations {
 		if c.long && !*simLongMut {
-			continue // make simulate runs it
+			if p, ok := simMutationPlans[c.mutation]; ok {
+				t.Run(string(c.mutation)+"/on-its-plan", func(t *testing.T) { simCatchOnPlan(t, c.mutation, c.invariant, p) })
+			}
+			continue // make simulate searches for it
 		}
 		t.Run(string(c.mutation), func(t *testing.T) {
 			undo := simMutate(c.mutation)
@@ -2409,6 +2520,25 @@ func TestSimulateFindsMutations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// simCatchOnPlan requires invariant to catch mutation on plan, a plan that
+// passes without it.
+func simCatchOnPlan(t *testing.T, mutation simMutation, invariant, plan string) {
+	p, err := parseSimPlanAdopt(strings.ReplaceAll(plan, `\n`, "\n"))
+	if err != nil {
+		t.Fatalf("the plan of %s: %v", mutation, err)
+	}
+	if v, _ := simRun(p, "", nil); v != nil {
+		t.Fatalf("the plan of %s breaks an invariant without it: %v", mutation, v)
+	}
+	undo := simMutate(mutation)
+	defer undo()
+	v, _ := simRun(p, mutation, nil)
+	if v == nil || v.Invariant != invariant {
+		t.Fatalf("%s on its plan: want a %s violation, got %v", mutation, invariant, v)
+	}
+	t.Logf("%s on its plan: %v", mutation, v)
 }
 
 // TestSimulateFindsOpenGaps keeps the gaps the simulator found and this

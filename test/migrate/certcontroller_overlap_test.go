@@ -42,6 +42,7 @@ import (
 // alone into the caBundle while its own pods still serve the leaf before
 // (see migrateWhileOldRuns).
 func TestMigrateFromCertControllerWhileItRotates(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t)
 	mgr, err := manager.New(e.cluster.Config(), manager.Options{
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",

@@ -411,10 +411,16 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 	l := e.startLoad()
 	waitUntil(e.t, "calls through the old tool", time.Minute, func() bool { n, _ := l.counts(); return n >= 20 })
 	okBefore, failedBefore := l.counts()
-	rewritesBefore, firstOld := old()
+	rewritesBefore, _ := old()
 
 	rs := e.startReplicas(2, layout)
 	reported := map[string]string{}
+	// anchors are the CAs the replicas signed with when they first held:
+	// the CA signed with when the overlap began, which stays until it
+	// expires (a replica cut off since renews from it). cert-controller's
+	// and cert-manager's first CA; with knative, whose CA has no key, the
+	// first of evercert's own.
+	anchors := map[string]bool{}
 	maxCAs := 0
 	for end := time.Now().Add(overlap); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		for _, r := range rs {
@@ -422,6 +428,9 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 			// not by readiness: a rolling update removes the old pods
 			// only once the new ones are Ready.
 			if st := r.a.Status(); st.ForeignWriter != "" {
+				if reported[r.a.Name()] == "" {
+					anchors[st.Signing.Fingerprint] = true
+				}
 				reported[r.a.Name()] = st.ForeignWriter
 				require.True(e.t, st.Stalled, "%s: Stalled while %s keeps writing", r.a.Name(), tool)
 				// Readiness of this very status: a second Status() may
@@ -471,8 +480,26 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 	require.NoError(e.t, err)
 	cas := parsePEM(e.t, after.Data["ca.crt"])
 	n := len(cas)
+	// When each CA kept for a served leaf leaves ca.crt (the trim's
+	// record), and which CA each replica's leaf chains to: what a CA in
+	// ca.crt at the end is kept for.
+	retire := map[string]string{}
+	for entry := range strings.SplitSeq(after.Annotations[authority.RetireAfterAnnotation], ",") {
+		if fp, at, ok := strings.Cut(entry, "="); ok {
+			retire[fp] = at
+		}
+	}
 	for _, c := range cas {
-		e.t.Logf("%s migration with %s still writing: ca.crt at the end holds %q serial %s, valid %s to %s", tool, tool, c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+		e.t.Logf("%s migration with %s still writing: ca.crt at the end (%s) holds %q serial %x, valid %s to %s, retire-after %q", tool, tool, time.Now().UTC().Format(time.RFC3339), c.Subject.CommonName, c.SerialNumber, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339), retire[authority.Fingerprint(c)])
+	}
+	for _, r := range rs {
+		if leaf := r.a.Leaf(); leaf != nil {
+			for _, c := range cas {
+				if leaf.CheckSignatureFrom(c) == nil {
+					e.t.Logf("%s migration with %s still writing: %s serves a leaf until %s of %q serial %x", tool, tool, r.a.Name(), leaf.NotAfter.Format(time.RFC3339), c.Subject.CommonName, c.SerialNumber)
+				}
+			}
+		}
 	}
 	if failedAll > 0 {
 		e.t.Logf("%s migration with %s still writing: the first failed calls: %s", tool, tool, l.errors())
@@ -480,16 +507,39 @@ func (e *env) migrateWhileOldRuns(tool string, layout authority.SecretLayout, ov
 	e.t.Logf("%s migration with %s still writing: %d rewrites by %s in the overlap, at most %d CAs in a bundle then, %d in ca.crt at the end; calls before the replicas started: %d ok, %d failed; during the overlap: %d ok, %d failed; from stopping %s to evercert serving: %d ok, %d failed; through the first observed CA rotation: %d ok, %d failed; total %d ok, %d failed",
 		tool, tool, rewritten, tool, maxCAs, n, okBefore, failedBefore, okOverlap-okBefore, failedOverlap-failedBefore, tool, okSwitch-okOverlap, failedSwitch-failedOverlap, okAll-okSwitch, failedAll-failedSwitch, okAll, failedAll)
 	retiring := after.Annotations[authority.RetireAfterAnnotation]
+	keptForGood := func(s *corev1.Secret, c *x509.Certificate) bool {
+		return bytes.Equal(pemOf(c), s.Data["tls.crt"]) || bytes.Equal(pemOf(c), s.Data[authority.NextCertKey]) || c.Equal(lastOld) || anchors[authority.Fingerprint(c)]
+	}
+	var due time.Time
 	for _, c := range cas {
-		switch {
-		case bytes.Equal(pemOf(c), after.Data["tls.crt"]), bytes.Equal(pemOf(c), after.Data[authority.NextCertKey]):
-		case c.Equal(lastOld), firstOld != nil && c.Equal(firstOld):
-		default:
+		if !keptForGood(after, c) {
 			require.Contains(e.t, retiring, authority.Fingerprint(c), "ca.crt holds CA %q (valid %s to %s), which no rule keeps: neither signing nor the successor, the old tool's last CA, the one signed with when the overlap began, nor one kept for a served leaf with its retirement recorded",
 				c.Subject.CommonName, c.NotBefore.Format(time.RFC3339), c.NotAfter.Format(time.RFC3339))
+			if t, err := time.Parse(time.RFC3339, retire[authority.Fingerprint(c)]); err == nil && t.After(due) {
+				due = t
+			}
 		}
 	}
-	require.LessOrEqual(e.t, n, 5, "ca.crt keeps only the CAs a served leaf needs")
+	// Once each recorded retirement is due (a leaf lifetime and a check
+	// interval after its trim), the CAs kept for a served leaf leave, and
+	// ca.crt holds the CAs a rule keeps for good: at most the signing CA,
+	// its successor, the old tool's last CA and the one signed with when
+	// the overlap began. Compared before they could expire: the old
+	// tools' CAs here live three minutes.
+	waitUntil(e.t, "the CAs kept for a served leaf to leave ca.crt once their retirement is due", max(time.Until(due), 0)+time.Minute, func() bool {
+		s, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+		require.NoError(e.t, err)
+		for _, c := range parsePEM(e.t, s.Data["ca.crt"]) {
+			if !keptForGood(s, c) {
+				return false
+			}
+		}
+		return true
+	})
+	final, err := e.client.CoreV1().Secrets(ns).Get(e.ctx, secretName, metav1.GetOptions{})
+	require.NoError(e.t, err)
+	e.t.Logf("%s migration with %s still writing: %d CAs in ca.crt once the retirements were due (%s)", tool, tool, len(parsePEM(e.t, final.Data["ca.crt"])), due.UTC().Format(time.RFC3339))
+	require.LessOrEqual(e.t, len(parsePEM(e.t, final.Data["ca.crt"])), 4, "ca.crt keeps only the CAs a served leaf needs")
 	// During a hold a bundle holds the CAs the last trim kept (the signing
 	// CA, the one signed with when the overlap began, the ones a replica
 	// still serves a leaf of: keepOldLeaf keeps a leaf for the
