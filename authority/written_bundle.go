@@ -3,7 +3,6 @@ package authority
 import (
 	"crypto/x509"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -87,7 +86,7 @@ func (m *machine) trustRecorded(st *caSet, in stepInput) {
 	seen := in.peerServes != nil && (in.obs.blind == nil || in.obs.blind() == "")
 	for _, c := range st.recorded {
 		fp := Fingerprint(c)
-		if !c.IsCA || !in.now.Before(c.NotAfter) || fp == st.ops.compromised || slices.Contains(st.ops.dropped, fp) || containsCert(st.bundle, c) {
+		if !c.IsCA || !in.now.Before(c.NotAfter) || st.ops.marks(fp) || containsCert(st.bundle, c) {
 			continue
 		}
 		if seen && !in.peerServes(c) {
