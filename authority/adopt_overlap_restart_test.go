@@ -74,8 +74,12 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 	old.rewrite() // its answer to the adoption; then its pods are gone
 	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
 
-	b := attackAuthority(t, client, clk, "restarted-b", announced)
-	require.NoError(t, b.RunOnce(context.Background()))
+	// b in its Run loops too, as a rolling update's next pod runs.
+	b := runAdopting(t, client, clk, "restarted-b", LayoutCertController, announced)
+	waitFor(t, "b's leaf and its write", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		return b.Leaf() != nil && !cc
+	})
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
 }
