@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"fmt"
 	"crypto/x509"
 	"slices"
 	"testing"
@@ -73,8 +74,12 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 	old.rewrite() // its answer to the adoption; then its pods are gone
 	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
 
-	b := attackAuthority(t, client, clk, "restarted-b", announced)
-	require.NoError(t, b.RunOnce(context.Background()))
+	// b in its Run loops too, as a rolling update's next pod runs.
+	b := runAdopting(t, client, clk, "restarted-b", LayoutCertController, announced)
+	waitFor(t, "b's leaf and its write", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		return b.Leaf() != nil && !cc
+	})
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
 }
@@ -143,4 +148,36 @@ func TestTrustRecorded(t *testing.T) {
 	require.NotContains(t, s.Annotations, WrittenBundleAnnotation, "the Authority's own layout has no old rotator to survive")
 	writeBundleRecord(s, LayoutKnative)
 	require.Equal(t, string(served.CertPEM), s.Annotations[WrittenBundleAnnotation])
+}
+
+// TestForeignWriterRestartedPeerUsesCutRecord: a record over the bound
+// (maxRecordedTrust; a ca.crt that grew one CA per episode without
+// announcements) is cut, not thrown away whole, and the replica that
+// starts on the old rotator's rewrite still trusts the CA its holding peer
+// serves (a review found a record over 16 CAs dropped whole).
+func TestForeignWriterRestartedPeerUsesCutRecord(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	adopting := func(c *Config) { c.Adopt = LayoutCertController }
+	a := attackAuthority(t, client, clk, "holding-a", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	old.rewrite()
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+	record := slices.Clone(o1.ca.CertPEM)
+	for i := range maxRecordedTrust {
+		c, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("earlier-%d", i), Now: testNow, Lifetime: 48 * time.Hour})
+		require.NoError(t, err)
+		record = append(record, c.CertPEM...)
+	}
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[WrittenBundleAnnotation] = string(record)
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	b := attackAuthority(t, client, clk, "restarted-b", adopting)
+	require.NoError(t, b.RunOnce(ctx))
+	require.NoError(t, b.LastError())
+	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
+	require.LessOrEqual(t, countCerts(t, getSecret(t, client).Data["ca.crt"]), maxRecordedTrust+1, "the rewrite's CA and the first %d recorded", maxRecordedTrust)
 }
