@@ -2,8 +2,8 @@ package authority
 
 import (
 	"context"
-	"fmt"
 	"crypto/x509"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
