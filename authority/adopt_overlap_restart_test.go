@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -73,6 +74,13 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 	waitWaiters(t, clk, 1)
 	old.rewrite() // its answer to the adoption; then its pods are gone
 	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
+	// Every write of the Secret from here on is checked as it lands: a's
+	// loop reads b's write and writes O1 back at once, so a look at the
+	// Secret and b's bundle afterwards misses a write without O1 that was
+	// already healed (2 runs in 20 passed with the record ignored).
+	writes, err := client.CoreV1().Secrets("ns").Watch(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	defer writes.Stop()
 
 	// b in its Run loops too, as a rolling update's next pod runs.
 	b := runAdopting(t, client, clk, "restarted-b", LayoutCertController, announced)
@@ -80,6 +88,23 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 		_, cc := getSecret(t, client).Data["ca.key"]
 		return b.Leaf() != nil && !cc
 	})
+	for n := 0; ; {
+		var ev watch.Event
+		select {
+		case ev = <-writes.ResultChan():
+		default:
+		}
+		s, ok := ev.Object.(*corev1.Secret)
+		if !ok {
+			require.NotZero(t, n, "b's write was not seen")
+			break
+		}
+		if ev.Type != watch.Modified {
+			continue // the fake watch starts with the Secret as it stands
+		}
+		n++
+		require.NoError(t, verifiesAt(t, a.Leaf(), s.Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt as written (write %d since b started, resourceVersion %s)", n, s.ResourceVersion)
+	}
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
 }
