@@ -365,7 +365,8 @@ func TestReplicaIDFromPodName(t *testing.T) {
 // gapDeadLease, seed 18726).
 func TestKilledReplicasLeaseDoesNotStallRotationThroughRollouts(t *testing.T) {
 	clk := clocktesting.NewFakeClock(testNow)
-	//lint:ignore SA1019 NewClientset stamps managedFields on the wall clock, not on clk, and the server's write times are what this test is about.
+	// NewClientset stamps managedFields on the wall clock, not on clk, and the
+	// server's write times are what this test is about.
 	client := fake.NewSimpleClientset()
 	stampServerTime(client, clk)
 	const delay = 35 * time.Minute
