@@ -129,6 +129,9 @@ type seenLease struct {
 	// writtenAt is when the API server applied this version (see
 	// serverWriteTime); zero when the Lease does not say.
 	writtenAt time.Time
+	// firstSeenAt is when this process saw the Lease first, for a
+	// firstSeen version.
+	firstSeenAt time.Time
 	// renewTime is the renewTime the replica wrote, on its own clock.
 	renewTime time.Time
 	// clocksAhead are the replica IDs its announcement says are ahead of
@@ -1060,6 +1063,9 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
 		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation], covered: covered,
 		writtenAt: serverWriteTime(l)}
+	if s.firstSeen {
+		s.firstSeenAt = seenAt
+	}
 	if l.Spec.RenewTime != nil {
 		s.renewTime = l.Spec.RenewTime.Time
 	}
@@ -1104,10 +1110,14 @@ func serverWriteTime(l *coordinationv1.Lease) time.Time {
 // can have been missed while a later write was seen.
 //
 // The managedFields times are not signed: someone with Lease write rights
-// can set them. So the rule also needs the renewTime the holder signed to
-// be past duration and tolerance on this process's clock: forged times
-// take away only the floor, which guards against this process's clock
-// being ahead beyond the tolerance. r.mu must be held.
+// can set them, or write back an old version with its old times. So the
+// rule also needs the renewTime the holder signed to be past duration and
+// tolerance on this process's clock, and still waits two renewal
+// intervals from first sight, within which a live replica's renewal
+// undoes a replay: forged times take away only the skew tolerance of the
+// floor. A Lease whose renewal may still be on its way after a pause of
+// this process (stale: a relist delivers the Leases in name order, not in
+// the order of their writes) is left to the floor. r.mu must be held.
 func (r *replicaSet) expireDeadOnServerLocked(newest, at time.Time) {
 	if newest.After(r.newestWrite) {
 		r.newestWrite = newest
@@ -1116,14 +1126,19 @@ func (r *replicaSet) expireDeadOnServerLocked(newest, at time.Time) {
 		return
 	}
 	for _, l := range r.seen {
-		if !l.firstSeen || l.deleted || l.writtenAt.IsZero() || l.renewTime.IsZero() {
+		if !l.firstSeen || l.stale || l.deleted || l.writtenAt.IsZero() || l.renewTime.IsZero() {
 			continue
 		}
 		if at.Sub(l.renewTime) > l.duration+r.skew {
 			// It was written age ago at least, on the server's clock;
 			// the tolerance allows for API servers whose clocks differ.
 			age := r.newestWrite.Sub(l.writtenAt)
-			l.observedAt = earliest(l.observedAt, at.Add(r.skew-age))
+			// Still waited for two renewal intervals from first sight:
+			// an old version written back (a replay, its old times put
+			// back too) is undone by the live replica's next renewal,
+			// which comes within one.
+			floor := l.firstSeenAt.Add(2*l.duration/3 - l.duration - leaseMargin(l.duration, r.skew))
+			l.observedAt = earliest(l.observedAt, latest(at.Add(r.skew-age), floor))
 		}
 	}
 }
