@@ -230,7 +230,7 @@ var (
 	quoted      = regexp.MustCompile(`'[^']*'|"[^"]*"`)
 	separators  = regexp.MustCompile(`&&|\|\||[;|{}()!]`)
 	assignment  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
-	shellWords  = []string{"cd", "set", "exit", "echo", "printf", "for", "in", "do", "done", "if", "then", "else", "fi", "true", "false", "test", "[", "export", "command"}
+	shellWords  = []string{"cd", "set", "exit", "echo", "printf", "for", "in", "do", "done", "if", "then", "else", "fi", "true", "false", "test", "[", "export", "command", "wait"}
 	makefiles   = []string{"Makefile", "hack/e2e.mk", ".ci/run"}
 	makeProgram = map[string]string{"GO": "go", "MAKE": "make"}
 )
