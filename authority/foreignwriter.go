@@ -79,7 +79,8 @@ import (
 //
 // Then the replica adopts once (trim). It trims only the CAs the other
 // writer wrote (episode: the ones this process read in its layout, its
-// first adoption's included) that no served leaf chains to; every other CA
+// first adoption's included, and those a peer's write names as the other
+// writer's: OtherWriterCAsAnnotation) that no served leaf chains to; every other CA
 // of the Secret as it stood before the episode stays, as evercert's own
 // CAs always do until they expire. Kept, of the other writer's CAs: the
 // adopted one (which signs, and which the old rotator's last leaf chains
@@ -154,7 +155,8 @@ type foreignWriter struct {
 	// why is the Stalled reason while held, "" otherwise.
 	why string
 	// episode holds the other writer's CAs this process read (in the
-	// adopted layout), the last maxForeignCAs of them, oldest first: not
+	// adopted layout, or named in OtherWriterCAsAnnotation), the last
+	// maxForeignCAs of them, oldest first: not
 	// reset when an episode ends, so the trim after the next one of the
 	// same overlap knows the CAs the one before adopted for the other
 	// writer's. trimmed maps the fingerprint of each CA a trim left out to

@@ -672,6 +672,10 @@ var simAdoptRegressions = []struct {
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
 	{"A2: a compromised mark made while the only replica was paused, its CA replaced by the old rotator's rewrite before the replica read it: the emergency ignores it, never records it handled, and counted as pending it made every later rewrite evercert's, adopted at once (operatorRequests.pending: only a mark on a CA of the Secret or of the state in force)",
 		"seed 694: 1 replicas, publishers [], 40m0s CAs, 3 faults, adopting cert-controller's Secret\n17m33s pause r0 for 7m26s\n20m43s compromise\n21m40s oldrot for 15m0s answer 17s"},
+	{"A2: a rollout during the overlap: each new pod adopted the rewrite it read first and learned its predecessors' CAs from a peer's write only, so every trim kept them as evercert's own (foreignWriter: the other writer's CAs are named in OtherWriterCAsAnnotation)",
+		"seed 320: 3 replicas, publishers [r0 r1 r2], 40m0s CAs, 2 faults, ClusterTrustBundle [r0 r2], adopting cert-controller's Secret\n0s oldrot for 8m0s answer 12s\n5m15s rollout for 1m1s x2"},
+	{"A2: the same with the old rotator also rewriting on a cadence of its own",
+		"seed 11: 3 replicas, publishers [r1 r2], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n15m28s oldrot for 12m0s answer 27s every 49s\n16m30s rollout for 3m16s x6"},
 	// Open (no fix yet; TestForeignWriterRestartedPeerKeepsHoldingPeersCA):
 	// a replica that starts with no state reads the old rotator's rewrite
 	// as its first state, adopts it alone, and writes and publishes a
