@@ -676,6 +676,8 @@ var simAdoptRegressions = []struct {
 		"seed 320: 3 replicas, publishers [r0 r1 r2], 40m0s CAs, 2 faults, ClusterTrustBundle [r0 r2], adopting cert-controller's Secret\n0s oldrot for 8m0s answer 12s\n5m15s rollout for 1m1s x2"},
 	{"A2: the same with the old rotator also rewriting on a cadence of its own",
 		"seed 11: 3 replicas, publishers [r1 r2], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n15m28s oldrot for 12m0s answer 27s every 49s\n16m30s rollout for 3m16s x6"},
+	{"A3: the old rotator's CA adopted at the end of the overlap signed until evercert's successor replaced it, then stayed in ca.crt until it expired, ten years (foreignWriter.retireReplaced)",
+		"seed 52: 3 replicas, publishers [r0 r1], 1h20m0s CAs, 5 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 1m0s answer 16s\n3m28s stop r0 for 4m44s new-id\n12m1s kill r1 for 9m35s new-id\n35m11s rotate\n51m8s rotate"},
 	// Open (no fix yet; TestForeignWriterRestartedPeerKeepsHoldingPeersCA):
 	// a replica that starts with no state reads the old rotator's rewrite
 	// as its first state, adopts it alone, and writes and publishes a
