@@ -679,18 +679,22 @@ var simAdoptRegressions = []struct {
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
 	{"A2: a compromised mark made while the only replica was paused, its CA replaced by the old rotator's rewrite before the replica read it: the emergency ignores it, never records it handled, and counted as pending it made every later rewrite evercert's, adopted at once (operatorRequests.pending: only a mark on a CA of the Secret or of the state in force)",
 		"seed 694: 1 replicas, publishers [], 40m0s CAs, 3 faults, adopting cert-controller's Secret\n17m33s pause r0 for 7m26s\n20m43s compromise\n21m40s oldrot for 15m0s answer 17s"},
+	{"A2: a rollout during the overlap: each new pod adopted the rewrite it read first and learned its predecessors' CAs from a peer's write only, so every trim kept them as evercert's own (foreignWriter: the other writer's CAs are named in OtherWriterCAsAnnotation)",
+		"seed 320: 3 replicas, publishers [r0 r1 r2], 40m0s CAs, 2 faults, ClusterTrustBundle [r0 r2], adopting cert-controller's Secret\n0s oldrot for 8m0s answer 12s\n5m15s rollout for 1m1s x2"},
+	{"A2: the same with the old rotator also rewriting on a cadence of its own",
+		"seed 11: 3 replicas, publishers [r1 r2], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n15m28s oldrot for 12m0s answer 27s every 49s\n16m30s rollout for 3m16s x6"},
+	{"A3: the old rotator's CA adopted at the end of the overlap signed until evercert's successor replaced it, then stayed in ca.crt until it expired, ten years (foreignWriter.retireReplaced)",
+		"seed 52: 3 replicas, publishers [r0 r1], 1h20m0s CAs, 5 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 1m0s answer 16s\n3m28s stop r0 for 4m44s new-id\n12m1s kill r1 for 9m35s new-id\n35m11s rotate\n51m8s rotate"},
 	// A replica that starts with no state reads the old rotator's
 	// rewrite as its first state: it adopted it alone, and wrote and
 	// published a bundle without the CA a holding peer serves a leaf of
 	// (its Lease announces it). Fixed by the record of the written bundle
 	// (WrittenBundleAnnotation, trustRecorded;
-	// TestForeignWriterRestartedPeerKeepsHoldingPeersCA). Seed 286's plan
-	// (ClusterTrustBundle [r0], oldrot at 4m20s for 13m, rollout at 9m8s
-	// for 4m23s x8) no longer breaks S1 either, but goes on to the open
-	// A2 of rollouts during the overlap (seeds 11, 450, 983, 1556: ca.crt
-	// holds 5 of the old rotator's CAs), so it is not listed here.
+	// TestForeignWriterRestartedPeerKeepsHoldingPeersCA).
 	{"S1: a replica restarted after the old pods stopped adopted their last rewrite alone and its publisher took the CA a holding peer serves out of the caBundle",
 		"seed 1049: 2 replicas, publishers [r0 r1], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 7m0s answer 2s\n4m44s kill r0 for 3m17s"},
+	{"S1: the same during the overlap on a ClusterTrustBundle, which no old tool writes",
+		"seed 286: 2 replicas, publishers [r1], 40m0s CAs, 2 faults, ClusterTrustBundle [r0], adopting cert-controller's Secret\n4m20s oldrot for 13m0s answer 9s\n9m8s rollout for 4m23s x8"},
 	{"L1: the trim after the overlap left out the successor made at the adoption (a key store: the adopted CA's key was in the Secret), still valid, and the simulator's publishers refused every later bundle without it, so no successor was observed and every replica stalled (a model gap: cabundle writes over a value no live replica announces)",
 		"seed 1171: 3 replicas, publishers [r0 r1 r2], 1h20m0s CAs, 1 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 5m0s answer 3s"},
 }
