@@ -681,6 +681,8 @@ var simAdoptRegressions = []struct {
 		"seed 1049: 2 replicas, publishers [r0 r1], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 7m0s answer 2s\n4m44s kill r0 for 3m17s"},
 	{"S1: the same during the overlap on a ClusterTrustBundle, which no old tool writes (open)",
 		"seed 286: 2 replicas, publishers [r1], 40m0s CAs, 2 faults, ClusterTrustBundle [r0], adopting cert-controller's Secret\n4m20s oldrot for 13m0s answer 9s\n9m8s rollout for 4m23s x8"},
+	{"S1: a replica restarted during a pause that outlasted the overlap took the CA its peers serve from the record at its first check, but its clock skew hold (waiting for the peers' renewals) kept the Secret as read in force, and its first write once the hold ended put ca.crt out without that CA (trustRecorded: a skew hold's state counts as none)",
+		"seed 656: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 4 faults, adopting cert-controller's Secret\n18m45s oldrot for 15m0s answer 27s\n21m27s pause r2 for 20m44s\n28m21s oldrot for 13m0s answer 10s\n34m37s stop r2 for 1m10s new-id"},
 	{"L1: the trim after the overlap left out the successor made at the adoption (a key store: the adopted CA's key was in the Secret), still valid, and the simulator's publishers refused every later bundle without it, so no successor was observed and every replica stalled (a model gap: cabundle writes over a value no live replica announces)",
 		"seed 1171: 3 replicas, publishers [r0 r1 r2], 1h20m0s CAs, 1 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 5m0s answer 3s"},
 }

@@ -61,16 +61,21 @@ func recordedBundle(s *corev1.Secret, st *caSet, name string) []*x509.Certificat
 }
 
 // trustRecorded adds to st, the state read by a process that has none in
-// force yet (in.last is nil), the recorded CAs (caSet.recorded) that a peer
+// force yet (in.last is nil, or only the Secret as read during a clock
+// skew hold: caSet.skewHeld), the recorded CAs (caSet.recorded) that a peer
 // may serve a leaf of: still valid, not marked compromised or dropped, and
 // announced by a peer's Lease (in.peerServes; every one without
 // announcements). A replica with a state in force keeps its own memory of
 // what it served (foreignWriter's trim). The old rotator's CAs that no
 // peer serves stay out: each replica of a rolling update adopts the
 // rewrite it reads first, and carrying the whole record forward kept one
-// of them per rewrite (the simulator's A2).
+// of them per rewrite (the simulator's A2). A skew hold's state counts as
+// none: it keeps the Secret as read, so the record taken at the first
+// step was gone from the second, and the first write after the hold put
+// ca.crt out without the CA the peers serve (the simulator, seed 656, S1:
+// a process started during a pause waited for its peers' renewals).
 func trustRecorded(st *caSet, in stepInput) {
-	if in.last != nil {
+	if in.last != nil && !in.last.skewHeld {
 		return
 	}
 	for _, c := range st.recorded {
