@@ -613,6 +613,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		// This clock is the suspect: nothing is restored, decided or
 		// written; the state as read is what the replica serves.
 		last := st.clone()
+		last.skewHeld = true
 		s.last = &last
 		return res, res.skew
 	}
