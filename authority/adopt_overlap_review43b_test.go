@@ -7,8 +7,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/evercert/evercert/internal/pki"
 )
 
 // startStoppable is runAdopting with a stop: stop cancels Run and waits
@@ -78,4 +81,44 @@ func TestReview43bAnchorSpreadByOtherWriterCAs(t *testing.T) {
 	t.Logf("after episode 2 + 150m: retire-after=%q ca.crt holds %d CAs", s.Annotations[RetireAfterAnnotation], countCerts(t, s.Data["ca.crt"]))
 	require.False(t, strings.Contains(s.Annotations[RetireAfterAnnotation], Fingerprint(first.ca.Cert)), "the CA signed with when the overlap began got a retirement")
 	require.True(t, caInBundle(t, s.Data["ca.crt"], first.ca), "the CA signed with when the overlap began (docs/migrating.md: stays until it expires) left ca.crt")
+}
+
+// TestReview43bHandEditRetiresAdoptedCAInPlainMigration (review 43b,
+// finding 2): a plain migration, no overlap: docs/migrating.md promises
+// the adopted CA stays in ca.crt until it expires. A hand edit of
+// evercert.io/other-writer-cas that also names evercert's own successor
+// (two entries: retireReplaced's "an overlap is known" gate) makes the
+// rotation that replaces the adopted CA retire it a leaf lifetime later.
+func TestReview43bHandEditRetiresAdoptedCAInPlainMigration(t *testing.T) {
+	_, client, clk, first := oldRotatorSecret(t, LayoutCertController)
+	announced := func(c *Config) { c.DisableReplicaAnnouncements = false }
+	a, _ := startStoppable(t, client, clk, "r43b-p", LayoutCertController, announced)
+	waitFor(t, "adoption", func() bool { return a.Leaf() != nil && a.Leaf().CheckSignatureFrom(first.ca.Cert) == nil })
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[RotateRequestedAnnotation] = clk.Now().UTC().Format(time.RFC3339)
+	_, err := client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	var nextFP string
+	for steps := 0; nextFP == ""; steps++ {
+		require.Less(t, steps, 60)
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+		if p := getSecret(t, client).Data["next.crt"]; len(p) > 0 {
+			certs, err := pki.ParseCABundle(p)
+			require.NoError(t, err)
+			nextFP = Fingerprint(certs[0])
+		}
+	}
+	s = getSecret(t, client).DeepCopy()
+	s.Annotations[OtherWriterCAsAnnotation] = Fingerprint(first.ca.Cert) + "," + nextFP
+	_, err = client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	for range 300 {
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	s = getSecret(t, client)
+	t.Logf("retire-after=%q ca.crt holds %d CAs", s.Annotations[RetireAfterAnnotation], countCerts(t, s.Data["ca.crt"]))
+	require.NotEqual(t, string(first.ca.CertPEM), string(s.Data["tls.crt"]), "rotated away from the adopted CA")
+	require.True(t, caInBundle(t, s.Data["ca.crt"], first.ca), "the adopted CA of a plain migration left ca.crt (docs/migrating.md: stays until it expires)")
 }
