@@ -67,7 +67,11 @@ func (w *foreignWriter) writeRecord(s *corev1.Secret, st *caSet) {
 	if w != nil && w.layout != LayoutEvercert {
 		w.mu.Lock()
 		for _, c := range st.bundle {
-			if containsCert(w.episode, c) {
+			// Never the anchor: every replica keeps it until it expires
+			// (a replica cut off since the overlap began renews from it),
+			// and a replica that learned it here as the other writer's
+			// would trim it (review43b).
+			if containsCert(w.episode, c) && (w.anchor == nil || !w.anchor.Equal(c)) {
 				fps = append(fps, Fingerprint(c))
 			}
 		}

@@ -172,6 +172,12 @@ type foreignWriter struct {
 	// keeps it, and it is never retired: it stays until it expires, as the
 	// CA of any adoption does (docs/migrating.md).
 	anchor *x509.Certificate
+	// overlapSeen: this process read the other writer's rewrite of a
+	// Secret the Authority had written (a hold, or a first read whose
+	// WrittenCAAnnotation names another CA): its own evidence of an
+	// overlap, which retireReplaced needs (an annotation a hand edit can
+	// change is not enough: review43b).
+	overlapSeen bool
 }
 
 // maxForeignCAs bounds foreignWriter.episode. The list serves the trim
@@ -276,9 +282,13 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		// retired).
 		w.rememberLocked(st.signing.Cert)
 	}
+	if in.adopted && st.signing != nil && in.written != "" && in.written != Fingerprint(st.signing.Cert) {
+		w.overlapSeen = true
+	}
 	if !w.rewritten(in) {
 		return nil, w.active
 	}
+	w.overlapSeen = true
 	now := in.now
 	fp := Fingerprint(st.signing.Cert)
 	if fp != w.seen {
@@ -441,10 +451,9 @@ func (w *foreignWriter) retireReplaced(st *caSet, prev []*x509.Certificate, now 
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.anchor == nil && len(w.episode) < 2 {
-		// No overlap known of (this process read no rewrite, and no
-		// peer's write names another of the other writer's CAs): the
-		// adopted CA stays until it expires, as after any adoption
+	if w.anchor == nil && !w.overlapSeen {
+		// No overlap this process saw itself (overlapSeen): the adopted
+		// CA stays until it expires, as after any adoption
 		// (docs/migrating.md).
 		return false
 	}
