@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/pki"
@@ -73,9 +75,37 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 	waitWaiters(t, clk, 1)
 	old.rewrite() // its answer to the adoption; then its pods are gone
 	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
+	// Every write of the Secret from here on is checked as it lands: a's
+	// loop reads b's write and writes O1 back at once, so a look at the
+	// Secret and b's bundle afterwards misses a write without O1 that was
+	// already healed (2 runs in 20 passed with the record ignored).
+	writes, err := client.CoreV1().Secrets("ns").Watch(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	defer writes.Stop()
 
-	b := attackAuthority(t, client, clk, "restarted-b", announced)
-	require.NoError(t, b.RunOnce(context.Background()))
+	// b in its Run loops too, as a rolling update's next pod runs.
+	b := runAdopting(t, client, clk, "restarted-b", LayoutCertController, announced)
+	waitFor(t, "b's leaf and its write", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		return b.Leaf() != nil && !cc
+	})
+	for n := 0; ; {
+		var ev watch.Event
+		select {
+		case ev = <-writes.ResultChan():
+		default:
+		}
+		s, ok := ev.Object.(*corev1.Secret)
+		if !ok {
+			require.NotZero(t, n, "b's write was not seen")
+			break
+		}
+		if ev.Type != watch.Modified {
+			continue // the fake watch starts with the Secret as it stands
+		}
+		n++
+		require.NoError(t, verifiesAt(t, a.Leaf(), s.Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt as written (write %d since b started, resourceVersion %s)", n, s.ResourceVersion)
+	}
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
 }
@@ -179,4 +209,36 @@ func TestTrustRecorded(t *testing.T) {
 	require.NotContains(t, s.Annotations, WrittenBundleAnnotation, "the Authority's own layout has no old rotator to survive")
 	writeBundleRecord(s, LayoutKnative)
 	require.Equal(t, string(served.CertPEM), s.Annotations[WrittenBundleAnnotation])
+}
+
+// TestForeignWriterRestartedPeerUsesCutRecord: a record over the bound
+// (maxRecordedTrust; a ca.crt that grew one CA per episode without
+// announcements) is cut, not thrown away whole, and the replica that
+// starts on the old rotator's rewrite still trusts the CA its holding peer
+// serves (a review found a record over 16 CAs dropped whole).
+func TestForeignWriterRestartedPeerUsesCutRecord(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	adopting := func(c *Config) { c.Adopt = LayoutCertController }
+	a := attackAuthority(t, client, clk, "holding-a", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	old.rewrite()
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+	record := slices.Clone(o1.ca.CertPEM)
+	for i := range maxRecordedTrust {
+		c, err := pki.NewCA(pki.Request{CommonName: fmt.Sprintf("earlier-%d", i), Now: testNow, Lifetime: 48 * time.Hour})
+		require.NoError(t, err)
+		record = append(record, c.CertPEM...)
+	}
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[WrittenBundleAnnotation] = string(record)
+	_, err := client.CoreV1().Secrets("ns").Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	b := attackAuthority(t, client, clk, "restarted-b", adopting)
+	require.NoError(t, b.RunOnce(ctx))
+	require.NoError(t, b.LastError())
+	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
+	require.LessOrEqual(t, countCerts(t, getSecret(t, client).Data["ca.crt"]), maxRecordedTrust+1, "the rewrite's CA and the first %d recorded", maxRecordedTrust)
 }

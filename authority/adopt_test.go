@@ -161,8 +161,12 @@ func TestAdoptCertManagerSecret(t *testing.T) {
 	optimistic(client)
 	writes := secretWrites(client)
 	clk := clocktesting.NewFakeClock(testNow)
-	// The replicas announce and wait for each other, as in a Deployment.
-	announce := func(c *Config) { c.DisableReplicaAnnouncements = false }
+	// The replicas announce and wait for each other, as in a Deployment,
+	// and the delay is short, as in a migration test: the successor's
+	// leaves (backdated by the skew tolerance) have an earlier NotBefore
+	// than the adopted CA's leaves, which cannot start before that CA,
+	// made a minute ago and not backdated.
+	announce := func(c *Config) { c.DisableReplicaAnnouncements, c.PropagationDelay = false, 10*time.Second }
 	a := runAdopting(t, client, clk, "adopt-cm-a", LayoutCertManager, announce)
 	b := runAdopting(t, client, clk, "adopt-cm-b", LayoutCertManager, announce)
 	waitFor(t, "both replicas' leaves", func() bool { return a.Leaf() != nil && b.Leaf() != nil })

@@ -279,7 +279,7 @@ func (r *replicaSet) setRoots(st *caSet) {
 	}
 	for _, c := range st.recorded {
 		// As trustRecorded takes them: never one the operator marked.
-		if fp := Fingerprint(c); fp != st.ops.compromised && !slices.Contains(st.ops.dropped, fp) {
+		if !st.ops.marks(Fingerprint(c)) {
 			add(c)
 		}
 	}

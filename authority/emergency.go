@@ -56,6 +56,13 @@ func (o operatorRequests) pending(st, last *caSet) bool {
 	return slices.ContainsFunc(o.dropped, st.holdsFingerprint)
 }
 
+// marks reports whether the CA with Fingerprint fp is marked compromised
+// or is a successor an emergency dropped: never trusted again, whether the
+// mark is handled or not.
+func (o operatorRequests) marks(fp string) bool {
+	return fp == o.compromised || slices.Contains(o.dropped, fp)
+}
+
 // holdsFingerprint reports whether fp is the Fingerprint of cs's signing
 // CA, its successor or a CA of its bundle.
 func (cs *caSet) holdsFingerprint(fp string) bool {
@@ -196,7 +203,7 @@ func (e *emergency) compromised(ops operatorRequests, c *x509.Certificate) bool 
 		return false // no mark: the usual case, asked at every check
 	}
 	fp := Fingerprint(c)
-	if fp == ops.compromised || slices.Contains(ops.dropped, fp) {
+	if ops.marks(fp) {
 		return true
 	}
 	e.mu.Lock()

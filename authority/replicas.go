@@ -126,6 +126,14 @@ type seenLease struct {
 	// that died a moment ago), so delta still bounds the writer's clock
 	// from below but says nothing of it being behind ours.
 	firstSeen bool
+	// writtenAt is when the API server applied this version (see
+	// serverWriteTime); zero when the Lease does not say.
+	writtenAt time.Time
+	// firstSeenAt is when this process saw the Lease first, for a
+	// firstSeen version.
+	firstSeenAt time.Time
+	// renewTime is the renewTime the replica wrote, on its own clock.
+	renewTime time.Time
 	// clocksAhead are the replica IDs its announcement says are ahead of
 	// its own clock (ClocksAheadAnnotation).
 	clocksAhead []string
@@ -197,6 +205,12 @@ type replicaSet struct {
 	// write it): release signs the Lease's last version with it.
 	ownKey crypto.Signer
 	seen   map[string]*seenLease // by Lease name
+	// newestWrite is the latest time, on the API server's clock, at which
+	// a Lease this process believed was written (see serverWriteTime): a
+	// lower bound of the server's clock when the Leases were read, taken
+	// from the same stream as the Leases it is compared with (see
+	// expireDeadOnServerLocked).
+	newestWrite time.Time
 	// awakeUntil is when the run loop, which wakes at least every third of
 	// the lease duration, is due to wake next; while it works, when it last
 	// woke. Time past it was not spent watching (a paused process, a clock
@@ -1047,13 +1061,86 @@ func (r *replicaSet) observeLocked(l *coordinationv1.Lease, seenAt time.Time) bo
 		observedAt = seenAt.Add(left - duration - margin)
 	}
 	s := &seenLease{holder: holder, trusted: trusted, rv: version, version: l.ResourceVersion, observedAt: observedAt, duration: duration,
-		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation], covered: covered}
+		leaf: v.leaf, clocksAhead: ahead, firstSeen: prev == nil, bundleHash: l.Annotations[BundleHashAnnotation], covered: covered,
+		writtenAt: serverWriteTime(l)}
+	if s.firstSeen {
+		s.firstSeenAt = seenAt
+	}
+	if l.Spec.RenewTime != nil {
+		s.renewTime = l.Spec.RenewTime.Time
+	}
 	s.delta, s.hasDelta = l.Spec.RenewTime.Sub(seenAt), true
 	r.seen[l.Name] = s
+	r.expireDeadOnServerLocked(s.writtenAt, seenAt)
 	// What the issuer decides on changed: what the replica trusts, or how
 	// its clock compares with ours (see clocksLocked), or is known again
 	// after a pause.
 	return prev == nil || prev.stale || prev.duration != duration || !slices.Equal(prev.trusted, trusted) || !slices.Equal(prev.covered, covered) || r.leafWatched && !sameLeaf(prev.leaf, s.leaf) || !slices.Equal(prev.clocksAhead, ahead) || r.clockClass(prev) != r.clockClass(s)
+}
+
+// serverWriteTime is when the API server last applied a change to l, on
+// the server's clock: the latest time of l's managedFields entries, which
+// the server stamps on every write that changes a field (a renewal
+// changes renewTime). Zero when l has none (a client that strips them, a
+// fake).
+func serverWriteTime(l *coordinationv1.Lease) time.Time {
+	var t time.Time
+	for _, e := range l.ManagedFields {
+		if e.Time != nil && e.Time.After(t) {
+			t = e.Time.Time
+		}
+	}
+	return t
+}
+
+// expireDeadOnServerLocked dates every Lease seen only in the version this
+// process saw first (a list at start, never a renewal it watched) no later
+// than its last write on the API server's clock, as of at: newest, a later
+// write in the same stream of Leases, is the server's clock when it was
+// made, so the Lease was written newest - writtenAt before at at least
+// (plus the tolerance for API servers whose clocks differ). A Lease that
+// age shows unrenewed for its duration and margins is then dead, and one
+// unrenewed for leaseGCAfter durations is collected. The
+// first-sight floor in observeLocked (two renewal intervals and the
+// tolerance, for a clock of this process's far ahead) otherwise lets the
+// Lease of a killed replica hold every rotation and emergency for as long
+// as a rollout replaces each process before it lives through the floor
+// (issue 27 §1); the server's clock tells its age whatever this process's
+// clock says, and the stream is ordered, so no later renewal of the Lease
+// can have been missed while a later write was seen.
+//
+// The managedFields times are not signed: someone with Lease write rights
+// can set them, or write back an old version with its old times. So the
+// rule also needs the renewTime the holder signed to be past duration and
+// tolerance on this process's clock, and still waits two renewal
+// intervals from first sight, within which a live replica's renewal
+// undoes a replay: forged times take away only the skew tolerance of the
+// floor. A Lease whose renewal may still be on its way after a pause of
+// this process (stale: a relist delivers the Leases in name order, not in
+// the order of their writes) is left to the floor. r.mu must be held.
+func (r *replicaSet) expireDeadOnServerLocked(newest, at time.Time) {
+	if newest.After(r.newestWrite) {
+		r.newestWrite = newest
+	}
+	if r.newestWrite.IsZero() {
+		return
+	}
+	for _, l := range r.seen {
+		if !l.firstSeen || l.stale || l.deleted || l.writtenAt.IsZero() || l.renewTime.IsZero() {
+			continue
+		}
+		if at.Sub(l.renewTime) > l.duration+r.skew {
+			// It was written age ago at least, on the server's clock;
+			// the tolerance allows for API servers whose clocks differ.
+			age := r.newestWrite.Sub(l.writtenAt)
+			// Still waited for two renewal intervals from first sight:
+			// an old version written back (a replay, its old times put
+			// back too) is undone by the live replica's next renewal,
+			// which comes within one.
+			floor := l.firstSeenAt.Add(2*l.duration/3 - l.duration - leaseMargin(l.duration, r.skew))
+			l.observedAt = earliest(l.observedAt, latest(at.Add(r.skew-age), floor))
+		}
+	}
 }
 
 // peerClocks is how the live replicas' clocks compare with this one's, as

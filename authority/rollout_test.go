@@ -12,9 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -31,6 +33,9 @@ type rolloutWorld struct {
 	id   func(r, gen int) string
 	gens []int
 	pods []*rolloutPod
+	// noLeafWait: start does not wait for the new process's leaf (one
+	// that starts during an emergency may have none to serve at first).
+	noLeafWait bool
 }
 
 type rolloutPod struct {
@@ -40,9 +45,13 @@ type rolloutPod struct {
 }
 
 func newRolloutWorld(t *testing.T, n int, delay time.Duration, id func(r, gen int) string) *rolloutWorld {
-	client := fake.NewClientset()
+	return newRolloutWorldOn(t, fake.NewClientset(), clocktesting.NewFakeClock(testNow), n, delay, id)
+}
+
+// newRolloutWorldOn is newRolloutWorld on client and clk.
+func newRolloutWorldOn(t *testing.T, client *fake.Clientset, clk *clocktesting.FakeClock, n int, delay time.Duration, id func(r, gen int) string) *rolloutWorld {
 	optimistic(client)
-	w := &rolloutWorld{t: t, client: client, clk: clocktesting.NewFakeClock(testNow), delay: delay, id: id,
+	w := &rolloutWorld{t: t, client: client, clk: clk, delay: delay, id: id,
 		gens: make([]int, n), pods: make([]*rolloutPod, n)}
 	t.Cleanup(func() {
 		for r := range w.pods {
@@ -75,7 +84,9 @@ func (w *rolloutWorld) start(r int) {
 		a.Run(ctx, 1)
 	}()
 	w.pods[r] = p
-	waitFor(w.t, "the new process's leaf", func() bool { return a.Leaf() != nil })
+	if !w.noLeafWait {
+		waitFor(w.t, "the new process's leaf", func() bool { return a.Leaf() != nil })
+	}
 }
 
 // stop ends replica r's process gracefully (its Run's context ends) and
@@ -93,6 +104,53 @@ func (w *rolloutWorld) stop(r int) {
 	case <-time.After(guard):
 		w.t.Fatalf("replica %d: Run did not return after its context ended", r)
 	}
+}
+
+// stampServerTime makes client's Lease writes carry the API server's time
+// of the write in their managedFields, as a real server does on every
+// write that changes a field, with its resolution of a second; clk is the
+// server's clock. (fake.NewClientset stamps them itself, on the wall
+// clock: use it on a fake.NewSimpleClientset.)
+func stampServerTime(client *fake.Clientset, clk clock.PassiveClock) {
+	stamp := func(obj runtime.Object) {
+		l := obj.(*coordinationv1.Lease)
+		l.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "evercert", Operation: metav1.ManagedFieldsOperationUpdate,
+			Time: &metav1.Time{Time: clk.Now().Truncate(time.Second)}}}
+	}
+	client.PrependReactor("create", "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		stamp(a.(clienttesting.CreateAction).GetObject())
+		return false, nil, nil
+	})
+	client.PrependReactor("update", "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		stamp(a.(clienttesting.UpdateAction).GetObject())
+		return false, nil, nil
+	})
+}
+
+// kill ends replica r's process as SIGKILL or an OOM kill would: its Lease
+// stays as its last renewal left it, neither released nor deleted (the
+// API refuses the process's last writes to it, and any delete of it).
+func (w *rolloutWorld) kill(r int) {
+	w.t.Helper()
+	name := w.pods[r].a.replicas.leaseName
+	for _, verb := range []string{"update", "delete"} {
+		w.client.PrependReactor(verb, "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+			target := ""
+			switch a := a.(type) {
+			case clienttesting.UpdateAction:
+				target = a.GetObject().(metav1.Object).GetName()
+			case clienttesting.DeleteAction:
+				target = a.GetName()
+			}
+			if target == name {
+				return true, nil, errors.New("the process was killed")
+			}
+			return false, nil, nil
+		})
+	}
+	w.stop(r)
+	_, err := w.client.Tracker().Get(leaseGVR, "ns", name)
+	require.NoError(w.t, err, "replica %d's Lease after the kill", r)
 }
 
 // restart replaces replica r's process.
@@ -289,5 +347,71 @@ func TestReplicaIDFromPodName(t *testing.T) {
 			t.Fatal("Run did not return after its context ended")
 		}
 		crashed.Store(false)
+	}
+}
+
+// TestKilledReplicasLeaseDoesNotStallRotationThroughRollouts: of three
+// replicas one is killed (its Lease stays), and from then on a rollout
+// replaces every process each 3 minutes, less than the first-sight floor
+// (two renewal intervals and the skew tolerance, at most the lease
+// duration and its margin: 4m here), so no process lives long enough to
+// see the killed replica's Lease age out on its own clock. The next CA
+// rotation must still happen on time: once the API server's own write
+// times show the Lease unrenewed (a peer's renewal in the same stream of
+// Leases is that much newer), a process that lists it takes it for dead
+// (replicaSet.expireDeadOnServerLocked). Before, every new process counted
+// it live for the floor and waited for it to announce the successor, which
+// never signed while the old CA was valid (issue 27 §1; the simulator's
+// gapDeadLease, seed 18726).
+func TestKilledReplicasLeaseDoesNotStallRotationThroughRollouts(t *testing.T) {
+	clk := clocktesting.NewFakeClock(testNow)
+	// NewClientset stamps managedFields on the wall clock, not on clk, and the
+	// server's write times are what this test is about.
+	client := fake.NewSimpleClientset()
+	stampServerTime(client, clk)
+	const delay = 35 * time.Minute
+	w := newRolloutWorldOn(t, client, clk, 3, delay, func(r, gen int) string { return fmt.Sprintf("web-r%d-g%d", r, gen) })
+	cfg := w.live()[0].Config()
+	// A Lease first seen counts for at least this long (observeLocked).
+	floor := min(cfg.LeaseDuration+leaseMargin(cfg.LeaseDuration, cfg.SkewTolerance), 2*cfg.LeaseDuration/3+cfg.SkewTolerance)
+	rollEvery := 3 * time.Minute
+	require.Less(t, rollEvery, floor, "the rollouts must come faster than the first-sight floor")
+
+	killed := w.pods[0].a.ReplicaID()
+	w.kill(0)
+	w.pods, w.gens = w.pods[1:], w.gens[1:]
+	signing, _, _ := w.secretCAs()
+	var next []byte
+	var published time.Time
+	// The first rollout comes before the replicas that watched the killed
+	// replica renew could see its Lease age out.
+	nextRoll := w.clk.Now()
+	rolls := 0
+	for {
+		for _, a := range w.live() {
+			s := a.Status()
+			require.False(t, s.Stalled, "%s reports Stalled at %s after %d rollouts every %v since %s was killed: successor %+v",
+				a.ReplicaID(), w.clk.Now().Format(time.TimeOnly), rolls, rollEvery, killed, s.Successor)
+		}
+		nowSigning, nowNext, nowPublished := w.secretCAs()
+		if len(nowNext) > 0 && !bytes.Equal(nowNext, next) {
+			next, published = nowNext, nowPublished
+		}
+		if !bytes.Equal(nowSigning, signing) {
+			require.Equal(t, next, nowSigning, "the CA that signs now is not the published successor")
+			lag := w.clk.Now().Sub(published.Add(delay))
+			t.Logf("the successor published at %s signed %v after its delay ended, through %d rollouts every %v since %s was killed",
+				published.Format(time.TimeOnly), lag, rolls, rollEvery, killed)
+			require.LessOrEqual(t, lag, 2*cfg.SkewTolerance+2*time.Minute, "the successor signed long after its delay ended")
+			return
+		}
+		w.step(30 * time.Second)
+		if !w.clk.Now().Before(nextRoll) {
+			for r := range w.pods {
+				w.restart(r)
+			}
+			rolls++
+			nextRoll = nextRoll.Add(rollEvery)
+		}
 	}
 }

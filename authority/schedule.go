@@ -339,7 +339,7 @@ func (r rotation) keepOldLeaf(leaf *pki.Issued, signedBy []byte, cs *caSet, now 
 		return false
 	}
 	fp := Fingerprint(cs.bundle[i])
-	return fp != cs.ops.compromised && !slices.Contains(cs.ops.dropped, fp)
+	return !cs.ops.marks(fp)
 }
 
 // nextDeadline is the earliest time after now at which advance or leafDue

@@ -3,7 +3,6 @@ package authority
 import (
 	"crypto/x509"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -83,15 +82,21 @@ func recordedBundle(secret *corev1.Secret, st *caSet) ([]*x509.Certificate, erro
 // memory of what it served (foreignWriter's trim). Each CA added that way
 // gets a retirement, as the trim gives the CAs it keeps for a leaf served
 // then (foreignWriter.retireIn): it leaves the bundle once every leaf of it
-// can have expired, unless a peer still serves one (machine.retire). The
-// old rotator's CAs that no peer serves stay out, and those kept do not
-// pile up: each replica of a rolling update adopts the rewrite it reads
-// first, and carrying the record forward whole, or for good, kept one of
-// them per rewrite (the simulator's A2 and A3). A skew hold's state counts
-// as none: it keeps the Secret as read, so the record taken at the first
-// step was gone from the second, and the first write after the hold put
-// ca.crt out without the CA the peers serve (the simulator, seed 656, S1:
-// a process started during a pause waited for its peers' renewals).
+// can have expired, unless a peer still serves one (machine.retire). With
+// the Leases in sight the old rotator's CAs that no peer serves stay out,
+// and those kept do not pile up: each replica of a rolling update adopts
+// the rewrite it reads first, and carrying the record forward whole, or
+// for good, kept one of them per rewrite (the simulator's A2 and A3).
+// Without them nothing says which recorded CA a peer still serves, so each
+// stays until it expires, as every CA the Secret had before an episode
+// does then (foreignWriter.kept): a rolling update during the overlap adds
+// one CA per pod to ca.crt, up to maxRecordedTrust (attack43: 7 after six
+// pods), the price of never dropping a holding peer's CA. A skew hold's
+// state counts as none: it keeps the Secret as read, so the record taken
+// at the first step was gone from the second, and the first write after
+// the hold put ca.crt out without the CA the peers serve (the simulator,
+// seed 656, S1: a process started during a pause waited for its peers'
+// renewals).
 func (m *machine) trustRecorded(st *caSet, in stepInput) {
 	if in.last != nil && !in.last.skewHeld || len(st.recorded) == 0 {
 		return
@@ -99,7 +104,7 @@ func (m *machine) trustRecorded(st *caSet, in stepInput) {
 	seen := in.peerServes != nil && (in.obs.blind == nil || in.obs.blind() == "")
 	for _, c := range st.recorded {
 		fp := Fingerprint(c)
-		if !c.IsCA || !in.now.Before(c.NotAfter) || fp == st.ops.compromised || slices.Contains(st.ops.dropped, fp) || containsCert(st.bundle, c) {
+		if !c.IsCA || !in.now.Before(c.NotAfter) || st.ops.marks(fp) || containsCert(st.bundle, c) {
 			continue
 		}
 		if seen && !in.peerServes(c) {

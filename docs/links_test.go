@@ -230,3 +230,53 @@ func TestREADMEBlocksAreFromEmbedding(t *testing.T) {
 		t.Errorf("README.md has %d Go blocks, want the three embeddings", blocks)
 	}
 }
+
+// citedTestRE matches a test or benchmark named in a document, in
+// backquotes, with an optional subtest path: the security model and the
+// operating pages back their claims with these names.
+var citedTestRE = regexp.MustCompile("`((?:Test|Benchmark)[A-Z][A-Za-z0-9_]*)(?:/[^`]*)?`")
+
+// TestCitedTestsExist checks that every test or benchmark a document names
+// is a function of some _test.go file of the repository (test/migrate's
+// module included), so that a claim cannot keep citing a test that was
+// renamed or removed.
+func TestCitedTestsExist(t *testing.T) {
+	defined := map[string]bool{}
+	funcRE := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark)[A-Za-z0-9_]+)\(`)
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "tmp" || d.Name() == "tools" && filepath.Base(filepath.Dir(path)) == "hack" || strings.HasPrefix(d.Name(), ".") && path != "..") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range funcRE.FindAllStringSubmatch(string(b), -1) {
+			defined[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !defined["TestCitedTestsExist"] {
+		t.Fatal("the walk found no test functions: it did not read this repository")
+	}
+	for _, file := range markdownFiles(t) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range citedTestRE.FindAllStringSubmatch(string(b), -1) {
+			if !defined[m[1]] {
+				t.Errorf("%s cites %s, which no _test.go file defines", file, m[1])
+			}
+		}
+	}
+}

@@ -70,6 +70,7 @@ var origin = map[string]struct{ how, pkg string }{
 // fails it too, so the table stays true.
 var indirect = map[string][]string{
 	"cmd/evercert/main_test.go bin":               {repoBuilt},
+	"cmd/evercert/restart_test.go bin":            {repoBuilt},
 	"controllerruntime/e2e/replica_test.go r.bin": {repoBuilt},
 	"example/server/server_test.go proctest.Build(t, \"github.com/evercert/evercert/example/server\")": {repoBuilt},
 	"example/server/second_signal_test.go bin":                                                         {repoBuilt},

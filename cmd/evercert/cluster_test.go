@@ -137,8 +137,24 @@ func publish(t *testing.T, r *runners, admin kubernetes.Interface, cfg *rest.Con
 	}, time.Minute, 50*time.Millisecond, "the publisher wrote the caBundle of %s", name)
 }
 
-// waitLeases waits until the Leases of secret announce the given leaves.
+// waitLeases waits until the Leases of secret announce the leaves the
+// given replicas serve.
 func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replicas ...*authority.Authority) {
+	t.Helper()
+	waitAnnounced(t, admin, secret, func() []string {
+		serials := make([]string, len(replicas))
+		for i, a := range replicas {
+			serials[i] = a.Leaf().SerialNumber.Text(16)
+		}
+		return serials
+	})
+}
+
+// waitAnnounced waits until the Leases of secret announce every leaf
+// whose serial (hexadecimal, as LeafSerialAnnotation holds it) serials
+// returns, read again at each try: the leaves replicas serve, in this
+// process or another.
+func waitAnnounced(t *testing.T, admin kubernetes.Interface, secret string, serials func() []string) {
 	t.Helper()
 	sel := authority.LeaseSelector(secret)
 	require.Eventually(t, func() bool {
@@ -150,8 +166,8 @@ func waitLeases(t *testing.T, admin kubernetes.Interface, secret string, replica
 		for _, l := range list.Items {
 			announced[l.Annotations[authority.LeafSerialAnnotation]] = true
 		}
-		for _, a := range replicas {
-			if !announced[a.Leaf().SerialNumber.Text(16)] {
+		for _, serial := range serials() {
+			if !announced[serial] {
 				return false
 			}
 		}

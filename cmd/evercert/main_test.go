@@ -25,13 +25,15 @@ func cli(t *testing.T, env []string, args ...string) (int, string) {
 	bin := proctest.Build(t, "github.com/evercert/evercert/cmd/evercert")
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append([]string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}, env...)
-	// A command given --timeout may run that long before it answers; the
-	// hang guard comes after it.
+	// A command given --timeout may run that long before it answers, and
+	// rotate --wait without it its default; the hang guard comes after.
 	guard := proctest.ExitGuard
 	if i := slices.Index(args, "--timeout"); i >= 0 && i+1 < len(args) {
 		d, err := time.ParseDuration(args[i+1])
 		require.NoError(t, err, "--timeout %q", args[i+1])
 		guard += d
+	} else if slices.Contains(args, "--wait") {
+		guard += defaultRotateTimeout
 	}
 	code, out := proctest.RunToExitWithin(t, cmd, guard)
 	t.Logf("evercert %s: exit %d\n%s", strings.Join(args, " "), code, out)

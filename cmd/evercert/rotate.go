@@ -52,11 +52,15 @@ const (
 	waitSayCap     = 30 * time.Second
 )
 
+// defaultRotateTimeout is rotate's --timeout when none is given: how long
+// the command may take, --wait included.
+const defaultRotateTimeout = 2 * time.Minute
+
 func runRotate(prog string, args []string, stdout, stderr io.Writer) error {
 	var common commonFlags
 	var compromised, wait bool
 	var reason, fingerprint string
-	timeout := 2 * time.Minute
+	timeout := defaultRotateTimeout
 	fs := newFlagSet(prog, "rotate", "<ca-secret> [--compromised --reason TEXT [--ca FINGERPRINT]] [--wait [--timeout 2m]]", &common)
 	fs.BoolVar(&compromised, "compromised", false, "the CA is compromised: rotate at once and stop trusting it as soon as no live replica serves a leaf from it (requires --reason)")
 	fs.StringVar(&reason, "reason", "", "why the CA is compromised, recorded on the Secret (required with --compromised)")

@@ -85,6 +85,9 @@ func Build(t testing.TB, pkg string) string {
 type Process struct {
 	cmd    *exec.Cmd
 	exited chan error
+	// killed is set by Kill: the exit status of a SIGKILLed process is no
+	// failure of the test that killed it.
+	killed bool
 	mu     sync.Mutex
 	out    strings.Builder
 }
@@ -106,7 +109,16 @@ func (p *Process) Output() string {
 // failure the process output is logged.
 func Start(t testing.TB, bin string, ready *regexp.Regexp, args ...string) (*Process, string) {
 	t.Helper()
-	p := &Process{cmd: exec.Command(bin, args...), exited: make(chan error, 1)}
+	return StartCmd(t, exec.Command(bin, args...), ready)
+}
+
+// StartCmd is Start for a command the caller prepared (its environment,
+// say: cmd.Env); Start sets its output and SysProcAttr, so the caller
+// must not.
+func StartCmd(t testing.TB, cmd *exec.Cmd, ready *regexp.Regexp) (*Process, string) {
+	t.Helper()
+	bin := cmd.Path
+	p := &Process{cmd: cmd, exited: make(chan error, 1)}
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -138,7 +150,10 @@ func Start(t testing.TB, bin string, ready *regexp.Regexp, args ...string) (*Pro
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-p.exited:
-			if err != nil {
+			p.mu.Lock()
+			killed := p.killed
+			p.mu.Unlock()
+			if err != nil && !killed {
 				t.Errorf("%s did not exit cleanly on SIGTERM: %v", filepath.Base(bin), err)
 			}
 		case <-time.After(20 * time.Second):
@@ -185,6 +200,26 @@ func (p *Process) Terminate(t testing.TB) int {
 	case <-time.After(ExitGuard):
 		t.Fatalf("pid %d still running %v after SIGTERM", p.Pid(), ExitGuard)
 		return -1
+	}
+}
+
+// Kill sends SIGKILL, as a crash or an OOM kill ends a process (no
+// shutdown runs), and waits for the process to be gone, for at most
+// ExitGuard (a hang guard). The cleanup of Start then accepts its exit
+// status.
+func (p *Process) Kill(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL to pid %d: %v", p.Pid(), err)
+	}
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+	case <-time.After(ExitGuard):
+		t.Fatalf("pid %d still running %v after SIGKILL", p.Pid(), ExitGuard)
 	}
 }
 

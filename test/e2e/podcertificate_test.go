@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -217,6 +218,23 @@ func (k *kubelet) observe(obj any) {
 // as the kubelet does (a fresh key of the volume's key type, an empty CSR
 // signed by it) and waits for the signer's decision. It returns the key,
 // the decided request, and the time from create to seeing the decision.
+// create creates pcr as the node. NodeRestriction reads the pod named in
+// the request from the kube-apiserver's informer cache, which can lag the
+// pod's creation by a moment (CI saw "pod \"webhook-0\" not found" 0.1 s
+// after the create); a real kubelet only asks for pods it already runs.
+// So a refusal naming a missing pod is retried, every 50 ms for at most
+// 30 s, and any other answer is returned.
+func (k *kubelet) create(ctx context.Context, pcr *certificatesv1.PodCertificateRequest) (*certificatesv1.PodCertificateRequest, error) {
+	var created *certificatesv1.PodCertificateRequest
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		created, err = k.client.CertificatesV1().PodCertificateRequests(pcr.Namespace).Create(ctx, pcr, metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "named in the PodCertificateRequest: pod") || !strings.Contains(err.Error(), "not found") || time.Now().After(deadline) {
+			return created, err
+		}
+	}
+}
+
 func (k *kubelet) request(pod *corev1.Pod) (crypto.Signer, *certificatesv1.PodCertificateRequest, time.Duration) {
 	k.t.Helper()
 	ctx := context.Background()
@@ -241,7 +259,7 @@ func (k *kubelet) request(pod *corev1.Pod) (crypto.Signer, *certificatesv1.PodCe
 	}
 	ch := make(chan *certificatesv1.PodCertificateRequest, 1)
 	start := time.Now()
-	created, err := k.client.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(ctx, pcr, metav1.CreateOptions{})
+	created, err := k.create(ctx, pcr)
 	require.NoError(k.t, err, "creating a request as the node")
 	k.mu.Lock()
 	if d := k.decided[created.Name]; d != nil {
@@ -501,7 +519,7 @@ func TestE2EPodCertificateSigner(t *testing.T) {
 	fkey := newPodKey(t, podcert.KeyTypeECDSAP256)
 	forged.Spec.StubPKCS10Request, err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, fkey)
 	require.NoError(t, err)
-	_, err = k.client.CertificatesV1().PodCertificateRequests(webhookAppNS).Create(ctx, forged, metav1.CreateOptions{})
+	_, err = k.create(ctx, forged)
 	require.Error(t, err, "NodeRestriction refuses another pod UID")
 	require.Contains(t, err.Error(), "differs from running pod", "NodeRestriction refuses another pod UID (%s)", apierrors.ReasonForError(err))
 	created, err := admin.CertificatesV1().PodCertificateRequests(webhookAppNS).Create(ctx, forged, metav1.CreateOptions{})
