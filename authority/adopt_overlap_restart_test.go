@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/evercert/evercert/internal/pki"
 )
@@ -107,6 +108,41 @@ func TestForeignWriterRestartedPeerKeepsAnnouncedCA(t *testing.T) {
 	}
 	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against ca.crt")
+}
+
+// TestForeignWriterRestartedPeerKeepsRecordThroughSkewHold (simulator,
+// seed 656, S1): as above, b starts on the old rotator's rewrite, but its
+// clock is in doubt (here behind the rewrite's CA by more than the skew
+// tolerance; in the simulator a process started during a pause, waiting
+// for its peers' next renewals). A skew hold keeps the Secret as read in
+// force: b took O1 from the record at its first check and lost it at the
+// second, and its first write once its clock agreed put ca.crt out with O2
+// alone, without the CA a serves its leaf of.
+func TestForeignWriterRestartedPeerKeepsRecordThroughSkewHold(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	adopting := func(c *Config) { c.Adopt = LayoutCertController }
+	a := attackAuthority(t, client, clk, "holding-a", adopting)
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, a.Leaf().CheckSignatureFrom(o1.ca.Cert), "a signs with the CA it adopted")
+	clk.Step(5 * time.Second)
+	old.rewrite()
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+
+	behind := clocktesting.NewFakeClock(clk.Now().Add(-2 * time.Hour))
+	b := attackAuthority(t, client, behind, "restarted-b", adopting)
+	for range 2 {
+		require.NoError(t, b.RunOnce(ctx))
+		require.NotEmpty(t, b.Status().ClockSkew, "b's clock is behind the rewrite's CA, backdated an hour: it holds")
+		require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes while it holds")
+		behind.Step(time.Minute)
+	}
+	behind.SetTime(clk.Now())
+	require.NoError(t, b.RunOnce(ctx))
+	require.Empty(t, b.Status().ClockSkew, "b's clock agrees")
+	require.NoError(t, verifiesAt(t, a.Leaf(), getSecret(t, client).Data["ca.crt"], clk.Now()), "a's served leaf of O1 against the ca.crt b wrote")
+	require.NoError(t, verifiesAt(t, a.Leaf(), b.CurrentCABundleContent(), clk.Now()), "a's served leaf of O1 against the bundle b publishes")
 }
 
 // TestForeignWriterRestartedPeerIgnoresGarbledRecord: a record of the CAs

@@ -1,12 +1,15 @@
 package authority
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -239,4 +242,58 @@ func TestForeignWriterTrimDropsSupersededSuccessor(t *testing.T) {
 	for _, r := range []*Authority{a, b} {
 		require.NoError(t, handshakeWith(t, r, published, clk.Now), r.Name())
 	}
+}
+
+// TestForeignWriterRetiresAdoptedCAOnceReplaced (simulator, adoption
+// plans: seeds 52, 983 and 1527, A3): the adoption that ends an overlap
+// makes the old rotator's last CA sign; evercert's successor replaces it
+// (an operator's rotation here; a key store's rotation away from a key
+// that was in the Secret, a schedule, an emergency alike). Nothing signs
+// with it after that, and it is valid for ten years: it stayed in ca.crt
+// until then, one more after every overlap and every pod of a rolling
+// update that adopted a rewrite. It must leave once every leaf it signed
+// can have expired (a leaf lifetime and a check interval after the
+// rotation), while both replicas' leaves verify against ca.crt.
+func TestForeignWriterRetiresAdoptedCAOnceReplaced(t *testing.T) {
+	old, client, clk, first := oldRotatorSecret(t, LayoutCertController)
+	announced := func(c *Config) { c.DisableReplicaAnnouncements = false }
+	a := runAdopting(t, client, clk, "replaced-a", LayoutCertController, announced)
+	b := runAdopting(t, client, clk, "replaced-b", LayoutCertController, announced)
+	replicas := []*Authority{a, b}
+	waitFor(t, "both replicas' leaves of the first CA", func() bool {
+		return a.Leaf() != nil && b.Leaf() != nil && a.Leaf().CheckSignatureFrom(first.ca.Cert) == nil && b.Leaf().CheckSignatureFrom(first.ca.Cert) == nil
+	})
+	overlapThenQuiet(t, old, client, clk, 2, replicas...)
+	adopted := old.latest
+
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[RotateRequestedAnnotation] = clk.Now().UTC().Format(time.RFC3339)
+	_, err := client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	for steps := 0; string(getSecret(t, client).Data["tls.crt"]) == string(adopted.ca.CertPEM); steps++ {
+		require.Less(t, steps, 300, "no rotation away from the adopted CA within five hours")
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	replaced := clk.Now()
+	waitFor(t, "the retirement of the adopted CA recorded", func() bool {
+		return strings.Contains(getSecret(t, client).Annotations[RetireAfterAnnotation], Fingerprint(adopted.ca.Cert))
+	})
+
+	var left time.Time
+	for steps := 0; steps < 180 && left.IsZero(); steps++ {
+		clk.Step(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+		published := getSecret(t, client).Data["ca.crt"]
+		for _, r := range replicas {
+			waitFor(t, r.Name()+" to publish what the Secret holds", func() bool { return string(r.CurrentCABundleContent()) == string(getSecret(t, client).Data["ca.crt"]) })
+			require.NoError(t, handshakeWith(t, r, published, clk.Now), "%s's leaf against ca.crt at %s", r.Name(), clk.Now())
+		}
+		if !caInBundle(t, published, adopted.ca) {
+			left = clk.Now()
+		}
+	}
+	require.False(t, left.IsZero(), "the adopted CA, which nothing signs with since %s, is still in ca.crt three hours later", replaced)
+	require.Less(t, left.Sub(replaced), time.Hour+5*time.Minute, "left within a leaf lifetime and a check interval of the rotation")
+	require.True(t, caInBundle(t, getSecret(t, client).Data["ca.crt"], first.ca), "the CA signed with before the overlap stays")
 }

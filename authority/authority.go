@@ -592,6 +592,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	st.replicaNames = parseReplicaNames(secret)
 	st.targets = parseDeclaredTargets(secret)
 	st.recorded = s.recordedBundle(secret, st)
+	s.writer.learnRecorded(secret, st)
 	namesAdded := addReplicaNames(&st.replicaNames, s.ownNames, s.namesInUse)
 	res, err := step(stepInput{now: now, read: st, exists: exists, last: s.last, adopted: convert, repairs: repairs, marks: evercertMarks(secret),
 		written: secret.Annotations[WrittenCAAnnotation]})
@@ -612,6 +613,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		// This clock is the suspect: nothing is restored, decided or
 		// written; the state as read is what the replica serves.
 		last := st.clone()
+		last.skewHeld = true
 		s.last = &last
 		return res, res.skew
 	}
@@ -625,6 +627,7 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 		// running) is a conflict, re-read and decided again.
 		updated := secret.DeepCopy()
 		writeAuthoritySecret(st, updated, s.cfg.Adopt)
+		s.writer.writeRecord(updated, st)
 		if !exists && (st.signing.Key == nil || st.signing.KeyRef != "") {
 			// A CA adopted without its key, written back after a delete,
 			// or whose key is in a key store: a kubernetes.io/tls Secret

@@ -79,7 +79,8 @@ import (
 //
 // Then the replica adopts once (trim). It trims only the CAs the other
 // writer wrote (episode: the ones this process read in its layout, its
-// first adoption's included) that no served leaf chains to; every other CA
+// first adoption's included, and those a peer's write names as the other
+// writer's: OtherWriterCAsAnnotation) that no served leaf chains to; every other CA
 // of the Secret as it stood before the episode stays, as evercert's own
 // CAs always do until they expire. Kept, of the other writer's CAs: the
 // adopted one (which signs, and which the old rotator's last leaf chains
@@ -101,7 +102,9 @@ import (
 // (current, successor, previous); without them, one more per episode,
 // until those expire. With announcements, the other writer's CAs kept only
 // for a leaf served then leave a leaf lifetime and a check interval later
-// (retireKept, machine.retire), and a successor of ours that a rewrite
+// (retireKept, machine.retire), as does, after an overlap, one of them
+// that signed here once a rotation of evercert's replaced it
+// (retireReplaced), and a successor of ours that a rewrite
 // replaced is left out unless a peer announces a leaf of it: the old
 // rotator's CAs are valid for years, and nothing signs with them after the
 // trim. "A peer announces" counts a Lease that expired but is not yet
@@ -154,7 +157,8 @@ type foreignWriter struct {
 	// why is the Stalled reason while held, "" otherwise.
 	why string
 	// episode holds the other writer's CAs this process read (in the
-	// adopted layout), the last maxForeignCAs of them, oldest first: not
+	// adopted layout, or named in OtherWriterCAsAnnotation), the last
+	// maxForeignCAs of them, oldest first: not
 	// reset when an episode ends, so the trim after the next one of the
 	// same overlap knows the CAs the one before adopted for the other
 	// writer's. trimmed maps the fingerprint of each CA a trim left out to
@@ -168,6 +172,12 @@ type foreignWriter struct {
 	// keeps it, and it is never retired: it stays until it expires, as the
 	// CA of any adoption does (docs/migrating.md).
 	anchor *x509.Certificate
+	// overlapSeen: this process read the other writer's rewrite of a
+	// Secret the Authority had written (a hold, or a first read whose
+	// WrittenCAAnnotation names another CA): its own evidence of an
+	// overlap, which retireReplaced needs (an annotation a hand edit can
+	// change is not enough: review43b).
+	overlapSeen bool
 }
 
 // maxForeignCAs bounds foreignWriter.episode. The list serves the trim
@@ -272,9 +282,13 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		// retired).
 		w.rememberLocked(st.signing.Cert)
 	}
+	if in.adopted && st.signing != nil && in.written != "" && in.written != Fingerprint(st.signing.Cert) {
+		w.overlapSeen = true
+	}
 	if !w.rewritten(in) {
 		return nil, w.active
 	}
+	w.overlapSeen = true
 	now := in.now
 	fp := Fingerprint(st.signing.Cert)
 	if fp != w.seen {
@@ -414,6 +428,44 @@ func (w *foreignWriter) retireKept(st *caSet, now time.Time) bool {
 			continue // a peer's trim recorded it already
 		}
 		st.retireAt(c, at)
+		recorded = true
+	}
+	return recorded
+}
+
+// retireReplaced records, for each CA of prev that the other writer wrote
+// and that signed here (the adoption that ended an overlap's episode, or
+// a pod's first read of a rewrite) but no longer signs in st, that it
+// leaves st's bundle retireIn from now, as retireKept does for the CAs a
+// trim kept for a served leaf: nothing signs with it after the rotation
+// that replaced it, and it is valid for years (ten at cert-controller's
+// defaults). Before, it stayed until it expired, one more after each
+// overlap (the simulator's A3). Never the anchor (see there), nor a CA
+// the Secret records a retirement for already. It reports whether it
+// recorded one: written at once, so that every replica drops the CA at the
+// same time. Only after an overlap this process knows of: without one,
+// the adopted CA stays until it expires, as after any adoption.
+func (w *foreignWriter) retireReplaced(st *caSet, prev []*x509.Certificate, now time.Time) bool {
+	if w == nil || st.signing == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.anchor == nil && !w.overlapSeen {
+		// No overlap this process saw itself (overlapSeen): the adopted
+		// CA stays until it expires, as after any adoption
+		// (docs/migrating.md).
+		return false
+	}
+	recorded := false
+	for _, c := range prev {
+		if st.knowsSigning(c) || !containsCert(st.bundle, c) || !containsCert(w.episode, c) || w.anchor != nil && w.anchor.Equal(c) {
+			continue
+		}
+		if _, ok := st.retire[Fingerprint(c)]; ok {
+			continue
+		}
+		st.retireAt(c, now.Add(w.retireIn))
 		recorded = true
 	}
 	return recorded

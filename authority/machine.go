@@ -224,6 +224,10 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	if hold != nil {
 		return res, hold
 	}
+	var readSigning *x509.Certificate // before restore, the emergency and the schedule
+	if st.signing != nil {
+		readSigning = st.signing.Cert
+	}
 	if m.repair != nil && !in.adopted && !mutations.pastedSigns {
 		pasted, err := m.repair.unpublished(st, in.last, now)
 		if err != nil {
@@ -355,6 +359,20 @@ func (m *machine) step(in stepInput) (stepResult, error) {
 	changed, unsafe, err := m.sched.advance(st, now, obs)
 	if err != nil {
 		return res, err
+	}
+	if in.peerServes != nil {
+		// The other writer's CA that signed here and that evercert's
+		// successor replaced, here or at a peer (in.last), signs nothing
+		// any more: it leaves once every leaf it signed has expired, as a
+		// CA the trim kept for a served leaf does (foreignWriter.retireReplaced).
+		var prev []*x509.Certificate
+		if readSigning != nil {
+			prev = append(prev, readSigning)
+		}
+		if in.last != nil && in.last.signing != nil {
+			prev = append(prev, in.last.signing.Cert)
+		}
+		retiring = m.writer.retireReplaced(st, prev, now) || retiring
 	}
 	if unsafe {
 		res.unsafe, res.unsafeWhy = true, fmt.Sprintf("no observed CA was valid any more at %s, so CA %q signs before every observer confirmed it",

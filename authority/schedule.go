@@ -42,7 +42,12 @@ type caSet struct {
 	// peer's announced leaf may chain to one (replicaSet.setRoots), and a
 	// process with no state in force trusts those a peer serves
 	// (trustRecorded). Read only, never written as such.
-	recorded  []*x509.Certificate
+	recorded []*x509.Certificate
+	// skewHeld: the Secret as read, kept in force while this process's
+	// clock was in doubt (a clock skew hold, Authority only): nothing of
+	// it was decided by this process, so the next step still takes what
+	// a process with no state in force takes (trustRecorded).
+	skewHeld  bool
 	nextSince time.Time // when next joined the bundle, on the publisher's clock
 	// seenSince is when this process first saw next, on its own clock: it
 	// is not stored, each process keeps its own. The minimum delay runs

@@ -448,10 +448,12 @@ func (w *simWorld) adoptParse(s *corev1.Secret) (*caSet, error) {
 }
 
 // stillValidAdopt reports whether the old rotator's CA fp is one a
-// publisher keeps in the target: its current one while its pods run, and
-// one the Secret holds. The others (replaced within an episode, trimmed,
-// retired) are valid for years and trusted by nothing evercert serves.
-func (w *simWorld) stillValidAdopt(fp string) bool {
+// publisher keeps in the target whose last content is last: its current
+// one while its pods run, one the Secret holds, and one the replica that
+// wrote last still announces (below). The others (replaced within an
+// episode, trimmed, retired) are valid for years and trusted by nothing
+// evercert serves.
+func (w *simWorld) stillValidAdopt(fp string, last simBundle) bool {
 	a := w.adopt
 	if a == nil {
 		return true
@@ -474,7 +476,35 @@ func (w *simWorld) stillValidAdopt(fp string) bool {
 	if fp == a.cur && w.oldRotatorRunning() {
 		return true
 	}
-	return w.parsedCAs != nil && w.parsedCAs[fp]
+	// One the Secret holds, or one the publisher that wrote the target
+	// last still holds, live and believed by its peers, after the old
+	// rotator's rewrite replaced it in ca.crt (adopted during the overlap,
+	// its leaves served): cabundle's publisher leaves the bundle a live
+	// replica announces (byOwnReplica), so a replica back from a pause
+	// that outlasted the overlap, holding its bundle from before it, does
+	// not take that CA out (seed 656, S1). Only that writer's: a value
+	// the old tool injected, or a bundle its writer no longer announces,
+	// is overwritten.
+	return w.parsedCAs != nil && w.parsedCAs[fp] || last.by >= 0 && w.announcesHolding(w.slots[last.by].proc, fp)
+}
+
+// announcesHolding reports whether p is a replica whose Lease its peers
+// believe and whose bundle holds fp: live as S2 counts it (live), or
+// running with a fresh Lease and a leaf of a CA of the bundle the
+// Authority recorded before the old rotator's rewrite, which its peers
+// believe too (replicaSet.setRoots) while ca.crt lacks it.
+func (w *simWorld) announcesHolding(p *simProc, fp string) bool {
+	if p == nil || !simFingerprints(p.a.CurrentCABundleContent())[fp] {
+		return false
+	}
+	if w.live(p) {
+		return true
+	}
+	if !w.alive(p) || w.paused(p) || !p.checked || p.leafSN == "" || !w.parsedRecorded[p.leafCA] {
+		return false
+	}
+	l := w.leases[p.a.replicas.leaseName]
+	return l != nil && l.Spec.RenewTime != nil && w.now.Add(p.slot.offset).Before(l.Spec.RenewTime.Add(simLease))
 }
 
 // liveBundleHolds reports whether the bundle of a live replica holds fp.
@@ -679,18 +709,26 @@ var simAdoptRegressions = []struct {
 		"seed 94: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n13s oldrot for 7m0s answer 28s\n1m28s rollout for 6m12s x3"},
 	{"A2: a compromised mark made while the only replica was paused, its CA replaced by the old rotator's rewrite before the replica read it: the emergency ignores it, never records it handled, and counted as pending it made every later rewrite evercert's, adopted at once (operatorRequests.pending: only a mark on a CA of the Secret or of the state in force)",
 		"seed 694: 1 replicas, publishers [], 40m0s CAs, 3 faults, adopting cert-controller's Secret\n17m33s pause r0 for 7m26s\n20m43s compromise\n21m40s oldrot for 15m0s answer 17s"},
+	{"A2: a rollout during the overlap: each new pod adopted the rewrite it read first and learned its predecessors' CAs from a peer's write only, so every trim kept them as evercert's own (foreignWriter: the other writer's CAs are named in OtherWriterCAsAnnotation)",
+		"seed 320: 3 replicas, publishers [r0 r1 r2], 40m0s CAs, 2 faults, ClusterTrustBundle [r0 r2], adopting cert-controller's Secret\n0s oldrot for 8m0s answer 12s\n5m15s rollout for 1m1s x2"},
+	{"A2: the same with the old rotator also rewriting on a cadence of its own",
+		"seed 11: 3 replicas, publishers [r1 r2], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n15m28s oldrot for 12m0s answer 27s every 49s\n16m30s rollout for 3m16s x6"},
+	{"A3: the old rotator's CA adopted at the end of the overlap signed until evercert's successor replaced it, then stayed in ca.crt until it expired, ten years (foreignWriter.retireReplaced)",
+		"seed 52: 3 replicas, publishers [r0 r1], 1h20m0s CAs, 5 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 1m0s answer 16s\n3m28s stop r0 for 4m44s new-id\n12m1s kill r1 for 9m35s new-id\n35m11s rotate\n51m8s rotate"},
 	// A replica that starts with no state reads the old rotator's
 	// rewrite as its first state: it adopted it alone, and wrote and
 	// published a bundle without the CA a holding peer serves a leaf of
 	// (its Lease announces it). Fixed by the record of the written bundle
 	// (WrittenBundleAnnotation, trustRecorded;
-	// TestForeignWriterRestartedPeerKeepsHoldingPeersCA). Seed 286's plan
-	// (ClusterTrustBundle [r0], oldrot at 4m20s for 13m, rollout at 9m8s
-	// for 4m23s x8) no longer breaks S1 either, but goes on to the open
-	// A2 of rollouts during the overlap (seeds 11, 450, 983, 1556: ca.crt
-	// holds 5 of the old rotator's CAs), so it is not listed here.
+	// TestForeignWriterRestartedPeerKeepsHoldingPeersCA).
 	{"S1: a replica restarted after the old pods stopped adopted their last rewrite alone and its publisher took the CA a holding peer serves out of the caBundle",
 		"seed 1049: 2 replicas, publishers [r0 r1], 40m0s CAs, 2 faults, adopting cert-controller's Secret\n0s oldrot for 7m0s answer 2s\n4m44s kill r0 for 3m17s"},
+	{"S1: the same during the overlap on a ClusterTrustBundle, which no old tool writes",
+		"seed 286: 2 replicas, publishers [r1], 40m0s CAs, 2 faults, ClusterTrustBundle [r0], adopting cert-controller's Secret\n4m20s oldrot for 13m0s answer 9s\n9m8s rollout for 4m23s x8"},
+	{"S1: a replica restarted during a pause that outlasted the overlap took the CA its peers serve from the record at its first check, but its clock skew hold (waiting for the peers' renewals) kept the Secret as read in force, and its first write once the hold ended put ca.crt out without that CA (trustRecorded: a skew hold's state counts as none)",
+		"seed 656: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 4 faults, adopting cert-controller's Secret\n18m45s oldrot for 15m0s answer 27s\n21m27s pause r2 for 20m44s\n28m21s oldrot for 13m0s answer 10s\n34m37s stop r2 for 1m10s new-id"},
+	{"S1: a replica paused through the overlap came back holding its bundle from before it, and the simulator's publisher let it take out of the caBundle the CA its peers adopted meanwhile and serve leaves of, which the old rotator's last rewrite had replaced in ca.crt (a model gap: cabundle leaves the bundle a live replica announces, byOwnReplica, and its peers believe a leaf of a recorded CA)",
+		"seed 656: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n21m27s pause r2 for 20m44s\n28m21s oldrot for 13m0s answer 10s"},
 	{"L1: the trim after the overlap left out the successor made at the adoption (a key store: the adopted CA's key was in the Secret), still valid, and the simulator's publishers refused every later bundle without it, so no successor was observed and every replica stalled (a model gap: cabundle writes over a value no live replica announces)",
 		"seed 1171: 3 replicas, publishers [r0 r1 r2], 1h20m0s CAs, 1 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 5m0s answer 3s"},
 }

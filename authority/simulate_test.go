@@ -590,6 +590,11 @@ type simWorld struct {
 	// parsedCAs: the fingerprints of the Secret's ca.crt; nil when it
 	// does not parse.
 	parsedCAs map[string]bool
+	// parsedRecorded: the fingerprints of the bundle an adopting Authority
+	// recorded (WrittenBundleAnnotation), when the old rotator rewrote the
+	// Secret since (recordedBundle): peers believe a leaf that chains to
+	// one (replicaSet.setRoots).
+	parsedRecorded map[string]bool
 	// parsedSignFP is parsedSign's fingerprint ("" without one), and
 	// parsedObj the Secret object parsed: the Secret is replaced, never
 	// changed in place (setSecret), and every object has its own
@@ -1486,7 +1491,7 @@ func (w *simWorld) publish(hist *[]simBundle, p *simProc, bundle []byte, publish
 		// (a stale read) does not undo their step (cabundle's contest
 		// rules: only a later rotation step overwrites).
 		for fp := range (*hist)[n-1].fps {
-			if !fps[fp] && w.stillValid(fp) {
+			if !fps[fp] && w.stillValid(fp, (*hist)[n-1]) {
 				return
 			}
 		}
@@ -1785,7 +1790,7 @@ func (w *simWorld) foreignCA() simCA {
 // parse reads the Secret's signing CA and successor (ground truth).
 func (w *simWorld) parse() {
 	if w.secret == nil {
-		w.parsedRV, w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs, w.parsedObj = -1, nil, "", nil, nil, nil
+		w.parsedRV, w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs, w.parsedRecorded, w.parsedObj = -1, nil, "", nil, nil, nil, nil
 		return
 	}
 	if w.secret == w.parsedObj {
@@ -1796,11 +1801,18 @@ func (w *simWorld) parse() {
 		return
 	}
 	w.parsedRV = w.rvOf(w.secret)
-	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs = nil, "", nil, nil
+	w.parsedSign, w.parsedSignFP, w.parsedNext, w.parsedCAs, w.parsedRecorded = nil, "", nil, nil, nil
 	if st, err := w.adoptParse(w.secret); err == nil {
 		w.parsedCAs = map[string]bool{}
 		for _, c := range st.bundle {
 			w.parsedCAs[Fingerprint(c)] = true
+		}
+		if w.adopt != nil {
+			w.parsedRecorded = map[string]bool{}
+			rec, _ := recordedBundle(w.secret, st)
+			for _, c := range rec {
+				w.parsedRecorded[Fingerprint(c)] = true
+			}
 		}
 		if st.signing != nil {
 			w.parsedSign, w.parsedSignFP = st.signing.Cert, Fingerprint(st.signing.Cert)
@@ -2279,14 +2291,14 @@ func (w *simWorld) apiDown(slot int) bool {
 // stillValid reports whether the CA with fingerprint fp is valid now and
 // not marked compromised (the simulator knows every CA the replicas made
 // from the bundles they held).
-func (w *simWorld) stillValid(fp string) bool {
+func (w *simWorld) stillValid(fp string, last simBundle) bool {
 	if _, marked := w.marked[fp]; marked {
 		return false
 	}
 	if w.secret != nil && slices.Contains(parseOperatorRequests(w.secret).dropped, fp) {
 		return false // a successor dropped in an emergency
 	}
-	if !w.stillValidAdopt(fp) {
+	if !w.stillValidAdopt(fp, last) {
 		return false
 	}
 	end, ok := simNotAfter.Load(fp)

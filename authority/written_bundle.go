@@ -48,14 +48,7 @@ func writeBundleRecord(s *corev1.Secret, layout SecretLayout) {
 // logged once: what the replica trusts is then the Secret's data, as
 // before the record existed.
 func (s *secretStore) recordedBundle(secret *corev1.Secret, st *caSet) []*x509.Certificate {
-	rec, written := secret.Annotations[WrittenBundleAnnotation], secret.Annotations[WrittenCAAnnotation]
-	if rec == "" || st.signing == nil || written == "" || written == Fingerprint(st.signing.Cert) {
-		return nil
-	}
-	certs, err := pki.ParseCABundle([]byte(rec))
-	if err == nil && len(certs) > maxRecordedTrust {
-		err, certs = fmt.Errorf("%d certificates, more than the %d taken", len(certs), maxRecordedTrust), certs[:maxRecordedTrust]
-	}
+	certs, err := recordedBundle(secret, st)
 	if err != nil {
 		s.recordLog.Error(klog.Background(), fmt.Errorf("CA secret %s, annotation %s: %w", s.src.Key, WrittenBundleAnnotation, err),
 			"The record of the bundle the Authority wrote last is not used whole", "provider", s.cfg.Name)
@@ -65,8 +58,23 @@ func (s *secretStore) recordedBundle(secret *corev1.Secret, st *caSet) []*x509.C
 	return certs
 }
 
+// recordedBundle is secretStore.recordedBundle without the log: the CAs
+// to take, and why not all of the record when err is set.
+func recordedBundle(secret *corev1.Secret, st *caSet) ([]*x509.Certificate, error) {
+	rec, written := secret.Annotations[WrittenBundleAnnotation], secret.Annotations[WrittenCAAnnotation]
+	if rec == "" || st.signing == nil || written == "" || written == Fingerprint(st.signing.Cert) {
+		return nil, nil
+	}
+	certs, err := pki.ParseCABundle([]byte(rec))
+	if err == nil && len(certs) > maxRecordedTrust {
+		err, certs = fmt.Errorf("%d certificates, more than the %d taken", len(certs), maxRecordedTrust), certs[:maxRecordedTrust]
+	}
+	return certs, err
+}
+
 // trustRecorded adds to st, the state read by a process that has none in
-// force yet (in.last is nil), the recorded CAs (caSet.recorded) that a peer
+// force yet (in.last is nil, or only the Secret as read during a clock
+// skew hold: caSet.skewHeld), the recorded CAs (caSet.recorded) that a peer
 // may serve a leaf of: still valid, not marked compromised or dropped, and
 // announced by a peer's Lease (in.peerServes), or every one when this
 // process cannot see the Leases (no announcements, or blind: RBAC, a list
@@ -83,9 +91,14 @@ func (s *secretStore) recordedBundle(secret *corev1.Secret, st *caSet) []*x509.C
 // stays until it expires, as every CA the Secret had before an episode
 // does then (foreignWriter.kept): a rolling update during the overlap adds
 // one CA per pod to ca.crt, up to maxRecordedTrust (attack43: 7 after six
-// pods), the price of never dropping a holding peer's CA.
+// pods), the price of never dropping a holding peer's CA. A skew hold's
+// state counts as none: it keeps the Secret as read, so the record taken
+// at the first step was gone from the second, and the first write after
+// the hold put ca.crt out without the CA the peers serve (the simulator,
+// seed 656, S1: a process started during a pause waited for its peers'
+// renewals).
 func (m *machine) trustRecorded(st *caSet, in stepInput) {
-	if in.last != nil || len(st.recorded) == 0 {
+	if in.last != nil && !in.last.skewHeld || len(st.recorded) == 0 {
 		return
 	}
 	seen := in.peerServes != nil && (in.obs.blind == nil || in.obs.blind() == "")
