@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	signerapp "github.com/evercert/evercert/example/signer/app"
+	"github.com/evercert/evercert/internal/backoff"
 	"github.com/evercert/evercert/internal/certmetrics"
 	"github.com/evercert/evercert/internal/certmetrics/certmetricstest"
 	"github.com/evercert/evercert/internal/testcluster"
@@ -222,16 +223,17 @@ func (k *kubelet) observe(obj any) {
 // the request from the kube-apiserver's informer cache, which can lag the
 // pod's creation by a moment (CI saw "pod \"webhook-0\" not found" 0.1 s
 // after the create); a real kubelet only asks for pods it already runs.
-// So a refusal naming a missing pod is retried, every 50 ms for at most
-// 30 s, and any other answer is returned.
+// So a refusal naming a missing pod is retried with backoff (50 ms
+// doubling to 2 s, jittered) for at most 30 s, and any other answer is
+// returned.
 func (k *kubelet) create(ctx context.Context, pcr *certificatesv1.PodCertificateRequest) (*certificatesv1.PodCertificateRequest, error) {
-	var created *certificatesv1.PodCertificateRequest
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		created, err = k.client.CertificatesV1().PodCertificateRequests(pcr.Namespace).Create(ctx, pcr, metav1.CreateOptions{})
+	retry := backoff.New(50*time.Millisecond, 2*time.Second)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		created, err := k.client.CertificatesV1().PodCertificateRequests(pcr.Namespace).Create(ctx, pcr, metav1.CreateOptions{})
 		if err == nil || !strings.Contains(err.Error(), "named in the PodCertificateRequest: pod") || !strings.Contains(err.Error(), "not found") || time.Now().After(deadline) {
 			return created, err
 		}
+		time.Sleep(retry.Next(err))
 	}
 }
 
