@@ -36,6 +36,7 @@ package testcluster
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"net"
@@ -456,14 +457,18 @@ func (c *Cluster) startEtcd() error {
 		}
 		clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 		peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+		// A name of its own: readiness asks etcd for it, so an etcd of
+		// another cluster that took the port first (ours then fails to
+		// bind and has not exited yet) is never taken for ours.
+		name := "testcluster-" + strings.ToLower(rand.Text()[:12])
 		args := []string{
-			"--name=testcluster",
+			"--name=" + name,
 			"--data-dir=" + filepath.Join(c.dir, "etcd-data"),
 			"--listen-client-urls=" + clientURL,
 			"--advertise-client-urls=" + clientURL,
 			"--listen-peer-urls=" + peerURL,
 			"--initial-advertise-peer-urls=" + peerURL,
-			"--initial-cluster=testcluster=" + peerURL,
+			"--initial-cluster=" + name + "=" + peerURL,
 			"--initial-cluster-state=new",
 		}
 		if etcdSupportsNoFsync(c.etcdBin) {
@@ -477,7 +482,7 @@ func (c *Cluster) startEtcd() error {
 		c.mu.Lock()
 		c.etcd = p
 		c.mu.Unlock()
-		if lastErr = c.waitEtcdReady(p, clientURL); lastErr == nil {
+		if lastErr = c.waitEtcdReady(p, clientURL, name); lastErr == nil {
 			c.etcdURL, c.etcdArgs = clientURL, args
 			return nil
 		}
@@ -562,8 +567,10 @@ func (c *Cluster) apiServerArgs() []string {
 	return append(args, c.opts.apiServerFlags...)
 }
 
-// waitEtcdReady polls etcd's /health until it reports healthy.
-func (c *Cluster) waitEtcdReady(p *process, clientURL string) error {
+// waitEtcdReady polls etcd's /health until it reports healthy, then asks
+// the member list (etcd's gRPC gateway) for name: the etcd that answers on
+// clientURL must be the one this cluster started.
+func (c *Cluster) waitEtcdReady(p *process, clientURL, name string) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	return poll(c.opts.startTimeout, p, func(ctx context.Context) error {
 		body, err := get(ctx, client, clientURL+"/health")
@@ -572,6 +579,13 @@ func (c *Cluster) waitEtcdReady(p *process, clientURL string) error {
 		}
 		if !strings.Contains(body, `"health":"true"`) {
 			return fmt.Errorf("etcd /health: %s", body)
+		}
+		members, err := post(ctx, client, clientURL+"/v3/cluster/member/list", "{}")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(members, `"name":"`+name+`"`) {
+			return fmt.Errorf("the etcd on %s is not this cluster's (no member %q): %s", clientURL, name, members)
 		}
 		return nil
 	})
@@ -601,8 +615,13 @@ func poll(timeout time.Duration, p *process, check func(context.Context) error) 
 	defer tick.Stop()
 	var lastErr error
 	for {
-		if lastErr = check(ctx); lastErr == nil {
+		err := check(ctx)
+		if err == nil {
 			return nil
+		}
+		// A check cut short by the timeout says less than the one before.
+		if ctx.Err() == nil || lastErr == nil {
+			lastErr = err
 		}
 		select {
 		case <-p.done:
@@ -616,21 +635,39 @@ func poll(timeout time.Duration, p *process, check func(context.Context) error) 
 
 // get fetches url and returns its body, or an error for a non-200 status.
 func get(ctx context.Context, client *http.Client, url string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	return do(ctx, client, http.MethodGet, url, "")
+}
+
+// post sends body (JSON) to url and returns the answer's body, or an error
+// for a non-200 status.
+func post(ctx context.Context, client *http.Client, url, body string) (string, error) {
+	return do(ctx, client, http.MethodPost, url, body)
+}
+
+// do sends one request and returns the body of a 200 answer.
+func do(ctx context.Context, client *http.Client, method, url, reqBody string) (string, error) {
+	var rb io.Reader
+	if reqBody != "" {
+		rb = strings.NewReader(reqBody)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rb)
 	if err != nil {
 		return "", fmt.Errorf("build request for %s: %w", url, err)
 	}
+	if reqBody != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("GET %s: %w", url, err)
+		return "", fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return "", fmt.Errorf("GET %s: read body: %w", url, err)
+		return "", fmt.Errorf("%s %s: read body: %w", method, url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+		return "", fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	return string(body), nil
 }
