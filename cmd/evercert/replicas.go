@@ -53,6 +53,9 @@ type replica struct {
 	Rejection *rejectionInfo `json:"rejection,omitempty"`
 
 	leaf *x509.Certificate
+	// duration is the Lease's leaseDurationSeconds; a replica renews
+	// every third of it.
+	duration time.Duration
 }
 
 // rejectionInfo is why an announcement is not believed.
@@ -65,6 +68,24 @@ type rejectionInfo struct {
 
 // believed reports whether r is a live replica whose announcement verifies.
 func (r replica) believed() bool { return r.Live && r.Verified }
+
+// waitedOn names r as a replica the Authority waits on. A replica renews
+// its Lease every third of its duration; one that missed two renewals is
+// likely a stopped process (a killed pod leaves its Lease behind), and the
+// name says so and until when its peers count it live, so that an operator
+// waiting on it knows the wait ends by itself.
+func (r replica) waitedOn(now time.Time) string {
+	if r.RenewTime == nil || r.duration <= 0 {
+		return r.ID
+	}
+	interval := r.duration / 3
+	since := now.Sub(*r.RenewTime)
+	if since <= 2*interval {
+		return r.ID
+	}
+	return fmt.Sprintf("%s (no renewal for %s, %d renewal intervals of %s: a stopped process? counted live until %s)",
+		r.ID, since.Round(time.Second), int(since/interval), interval, r.ExpiresAt.Format(time.RFC3339))
+}
 
 // replicas lists the Leases of the Authority whose CA Secret is secret, by
 // Lease name, each verified against cas (the CAs the Secret holds) and,
@@ -84,7 +105,8 @@ func (k *kube) replicas(ctx context.Context, secret string, now time.Time, cas [
 		}
 		if l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil {
 			renew := l.Spec.RenewTime.UTC()
-			expires := renew.Add(authority.LeaseWaitedFor(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+			r.duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+			expires := renew.Add(authority.LeaseWaitedFor(r.duration))
 			r.RenewTime, r.ExpiresAt, r.Live = &renew, &expires, now.Before(expires)
 		}
 		if v := l.Annotations[authority.TrustedCAsAnnotation]; v != "" {

@@ -42,3 +42,19 @@ func TestReplicaLiveAsLongAsTheAuthorityWaits(t *testing.T) {
 	assert.False(t, live["gone"], "renewed 4m1s ago, a 3m Lease: nobody waits for it")
 	assert.Equal(t, 4*time.Minute, authority.LeaseWaitedFor(3*time.Minute))
 }
+
+// TestWaitedOnNamesAStoppedProcess: rotate --wait names the replicas the
+// Authority waits on. A killed pod leaves its Lease behind, and its peers
+// count it live until the Lease runs out: a replica that missed two
+// renewals is named with how long it has been silent and when the wait on
+// it ends; one that renews on time is named alone.
+func TestWaitedOnNamesAStoppedProcess(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ago time.Duration) *time.Time { v := now.Add(-ago); return &v }
+	expires := now.Add(time.Minute)
+	fresh := replica{ID: "web-0", RenewTime: at(50 * time.Second), ExpiresAt: &expires, duration: 3 * time.Minute}
+	assert.Equal(t, "web-0", fresh.waitedOn(now), "renewed within two intervals of 1m")
+	silent := replica{ID: "web-1", RenewTime: at(3 * time.Minute), ExpiresAt: &expires, duration: 3 * time.Minute}
+	assert.Equal(t, "web-1 (no renewal for 3m0s, 3 renewal intervals of 1m0s: a stopped process? counted live until 2030-01-01T00:01:00Z)", silent.waitedOn(now))
+	assert.Equal(t, "web-2", replica{ID: "web-2"}.waitedOn(now), "a Lease with no renewal time")
+}

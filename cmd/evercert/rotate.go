@@ -297,10 +297,10 @@ func (k *kube) waitingOn(ctx context.Context, w waitTarget, s *corev1.Secret, no
 		switch {
 		case draining:
 			if issuer(r.leaf, cas) == w.want {
-				pending = append(pending, r.ID)
+				pending = append(pending, r.waitedOn(now))
 			}
 		case successor != nil && !slices.Contains(r.TrustedCAs, authority.Fingerprint(successor)):
-			pending = append(pending, r.ID)
+			pending = append(pending, r.waitedOn(now))
 		}
 	}
 	switch {
