@@ -612,6 +612,16 @@ func (s *secretStore) updateOnce(ctx context.Context, now time.Time, step func(s
 	if res.skew != nil {
 		// This clock is the suspect: nothing is restored, decided or
 		// written; the state as read is what the replica serves.
+		if len(res.repairs) > 0 {
+			// A hand edit this replica would write back waits too. After
+			// a pause the wait is for the peers' next renewals and not a
+			// skew found (ClockSkew stays empty), and a peer paused or
+			// killed meanwhile stretches it to its Lease's end: say it,
+			// or a broken Secret goes unreported (simulator seed 15137,
+			// V1).
+			s.repair.setReason(fmt.Sprintf("a repair this replica holds waits until its clock is checked (%s): %s",
+				res.skew.reason, strings.Join(res.repairs, "; ")))
+		}
 		last := st.clone()
 		last.skewHeld = true
 		s.last = &last

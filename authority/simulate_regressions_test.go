@@ -59,6 +59,8 @@ var simRegressions = []struct {
 		"seed 3561: 3 replicas, publishers [r2], 1h0m0s CAs, 3 faults, ClusterTrustBundle [r2]\n52m3s pubdown r2 for 19m23s\n56m28s paste\n1h5m36s paste"},
 	{"S2: a successor copied into tls.crt by hand signed uncounted while its target's only publisher was paused (machine.step: declared targets are observers for handCopied too)",
 		"seed 2231: 2 replicas, publishers [r1], 40m0s CAs, 3 faults\n16m54s pause r1 for 24m51s\n17m52s paste\n36m18s paste"},
+	{"V1: a replica back from a pause held the repair of a garbled ca.crt while it waited for a paused peer's next renewal, and said nothing (secretStore.updateOnce: a held repair is Broken)",
+		"seed 15137: 2 replicas, publishers [r1], 40m0s CAs, 6 faults, ClusterTrustBundle [r0 r1]\n15m55s pause r1 for 17m19s\n23m29s paste\n32m56s pause r0 for 16m0s\n40m23s pause r1 for 14m7s\n46m13s garble ca.crt\n49m21s pause r1 for 10m27s"},
 	{"S1: a restored backup demoted a promoted successor, and an emergency dropped it from ca.crt while its leaves were served (machine.restore: a backup from before a promotion is a rollback)",
 		"seed 102788: 3 replicas, publishers [r0 r1], 1h0m0s CAs, 3 faults\n39m15s slow r2 for 5m3s *:*:timeout\n49m43s restore from 4m58s ago\n53m2s compromise"},
 	{"L1: a hot loop: a compromised CA written back while a peer drained it (machine.restore: only when the Secret went back in time)",

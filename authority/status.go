@@ -81,9 +81,11 @@ type RotationStatus struct {
 	// Broken, for an Authority, says why its CA Secret cannot be used as
 	// read (a hand edit: a part that does not parse, a signing CA that
 	// ca.crt does not publish) and this replica cannot repair it, because
-	// it does not hold what is missing (it started after the edit); empty
-	// otherwise. A replica that holds it writes it back instead (Warning
-	// Event CASecretRepaired). Nothing rotates until someone repairs the
+	// it does not hold what is missing (it started after the edit), or
+	// cannot yet: it holds the repair but writes nothing until its clock is
+	// checked (back from a pause, it waits for the other replicas' next
+	// Lease renewals); empty otherwise. A replica that holds it writes it
+	// back instead (Warning Event CASecretRepaired). Nothing rotates until someone repairs the
 	// Secret; the replica keeps serving the leaf it has, if any, reports a
 	// CertificateLoadFailed Event per episode and counts every failed
 	// check. It does not fail readiness by itself: every replica reads the
