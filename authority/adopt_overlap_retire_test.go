@@ -69,6 +69,7 @@ func overlapThenQuiet(t *testing.T, old *oldRotator, client *fake.Clientset, clk
 // adoption: a replica cut off from the API server since then renews from
 // it (TestForeignWriterTrimKeepsCAOfPartitionedReplica).
 func TestForeignWriterRetiresKeptCAsOnceTheirLeavesExpire(t *testing.T) {
+	t.Parallel() // see guard
 	for _, layout := range []SecretLayout{LayoutCertController, LayoutCertManager} {
 		t.Run(string(layout), func(t *testing.T) { testRetiresKeptCAs(t, layout) })
 	}

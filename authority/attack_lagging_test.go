@@ -91,6 +91,7 @@ func waitLeasesSeen(t *testing.T, client *fake.Clientset, rs ...*Authority) {
 // must give its own consumers the minimum delay, counted from when it
 // first saw the successor.
 func TestAttackLaggingReplicaGetsItsDelay(t *testing.T) {
+	t.Parallel() // see guard
 	client := fake.NewClientset()
 	optimistic(client)
 	clk := clocktesting.NewFakeClock(testNow)

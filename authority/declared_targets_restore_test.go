@@ -19,6 +19,7 @@ import (
 // promotes the successor, which the webhook's caBundle lacks, once the
 // delay is over.
 func TestDeletedSecretKeepsTheDeclarations(t *testing.T) {
+	t.Parallel() // see guard
 	w := newPubDownWorld(t, time.Hour)
 	r1 := w.replicas[1]
 	first := r1.Status().Signing

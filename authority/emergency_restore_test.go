@@ -74,6 +74,7 @@ func restoreFingerprint(t *testing.T, pem []byte) string {
 // the dropped successor: the restored Secret's successor is taken for an
 // ordinary one, stays published, and signs once its delay has passed.
 func TestBackupWithPendingSuccessorKeepsTheDroppedSuccessorOut(t *testing.T) {
+	t.Parallel() // see guard
 	w := newEmergencyWorld(t)
 	restoreAnnotate(w, authority.RotateRequestedAnnotation, w.clk.Now().UTC().Format(time.RFC3339))
 	for restoreFingerprint(t, w.secret().Data[authority.NextCertKey]) == "" {
@@ -117,6 +118,7 @@ func TestBackupWithPendingSuccessorKeepsTheDroppedSuccessorOut(t *testing.T) {
 // compromised, back in ca.crt and signing, with no mark to run an
 // emergency on.
 func TestBackupFromBeforeTheFirstMarkDuringASecondEmergency(t *testing.T) {
+	t.Parallel() // see guard
 	var webhookDown atomic.Bool
 	w := newEmergencyWorldWith(t, func(c *fake.Clientset) {
 		for _, verb := range []string{"update", "patch", "create"} {

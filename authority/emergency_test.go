@@ -428,6 +428,7 @@ func (w *emergencyWorld) emergency() time.Duration {
 // then on. A client following the published caBundle never fails. The same
 // world then marks the successor compromised too: a second emergency.
 func TestEmergencyRotationUntrustsCompromisedCA(t *testing.T) {
+	t.Parallel() // see guard
 	var times []time.Duration
 	for run := range 3 {
 		t.Run(fmt.Sprint("run=", run), func(t *testing.T) {

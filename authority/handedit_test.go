@@ -75,6 +75,7 @@ func (w *emergencyWorld) newForeignCA(cn string) *pki.Issued {
 // rotation goes on: the CA is replaced by an observed successor with no
 // failed handshake and no leaf lost at the CA's end.
 func TestHandEditedBrokenSecretIsRepaired(t *testing.T) {
+	t.Parallel() // see guard
 	for _, form := range []struct {
 		name string
 		edit func(w *emergencyWorld, s *corev1.Secret)

@@ -25,6 +25,7 @@ import (
 // had passed on its own clock (simulator seeds 5033 and 200906, and a
 // review's 200900).
 func TestAPeerIsWaitedForPastItsLeaseByTheMargin(t *testing.T) {
+	t.Parallel() // see guard
 	const lease, skew = 90 * time.Second, 10 * time.Second
 	require.Equal(t, 2*skew, leaseMargin(lease, skew), "the margin is twice the tolerance here (a renewal interval is longer)")
 	waitForStuckPeer(t, lease, skew, false)
@@ -38,6 +39,7 @@ func TestAPeerIsWaitedForPastItsLeaseByTheMargin(t *testing.T) {
 // a deleted Lease once its duration alone had passed, so the successor
 // promoted up to the margin early (review of stop 39).
 func TestADeletedLeaseIsWaitedForPastItsLeaseByTheMargin(t *testing.T) {
+	t.Parallel() // see guard
 	const lease, skew = time.Minute, 15 * time.Second
 	require.Equal(t, lease/3, leaseMargin(lease, skew), "the margin is a renewal interval here")
 	waitForStuckPeer(t, lease, skew, true)

@@ -194,6 +194,7 @@ func TestAuthoritySkewedReplicasShareCA(t *testing.T) {
 // whose Lease is live and does not announce it; a replica whose Lease
 // expired is not waited for.
 func TestAuthorityWaitsForLiveReplicas(t *testing.T) {
+	t.Parallel() // see guard
 	client := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(testNow)
 	a, err := New(Config{

@@ -166,6 +166,7 @@ func (w *promotionWorld) rotate() time.Duration {
 // re-checks on the Lease watch event. (It passed before issue 22 too: the
 // 20-30 s seen in a black-box run is not in this path.)
 func TestPromotionWithinSecondsOfTheDelay(t *testing.T) {
+	t.Parallel() // see guard
 	for _, n := range promotionReplicas() {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			client := fake.NewClientset()
@@ -206,6 +207,7 @@ var (
 // the backoff the outage built up (up to backoff.DefaultCap) must not hold
 // a confirmed successor back.
 func TestPromotionWithinSecondsOfAnOutage(t *testing.T) {
+	t.Parallel() // see guard
 	const bound = 10 * time.Second
 	for _, n := range promotionReplicas() {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {

@@ -233,6 +233,7 @@ func TestPromotionWaitsForTargetsOfPublisherThatIsDown(t *testing.T) {
 // rotation stalls, without counting an unsafe rotation, and the
 // declaration leaves the Secret.
 func TestTargetDeclarationLapses(t *testing.T) {
+	t.Parallel() // see guard
 	// A one-day leaf: an 8-day CA, CARenewBefore 64h, RenewBefore 8h,
 	// delay 14h, lapse 64h-8h-14h = 42h, stalled 56h after the
 	// publication, skew tolerance 1h.

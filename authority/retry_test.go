@@ -29,6 +29,13 @@ import (
 
 // guard bounds every wait for another goroutine. It is not a timing
 // assertion: on success the condition holds long before it.
+//
+// The longest tests of the package wait on goroutines far more than they
+// compute (fake clocks, watches), and run side by side (t.Parallel, marked
+// "see guard"): under the race detector the package took most of make
+// test-unit's time one test at a time. A test joins them only if it keeps
+// to its own clientset and clock, sets no package variable (mutations)
+// and asserts no metric or log, which a neighbour could move.
 const guard = 30 * time.Second
 
 // apiCalls counts the calls of one verb on secrets and answers them with an

@@ -364,6 +364,7 @@ func TestReplicaIDFromPodName(t *testing.T) {
 // never signed while the old CA was valid (issue 27 §1; the simulator's
 // gapDeadLease, seed 18726).
 func TestKilledReplicasLeaseDoesNotStallRotationThroughRollouts(t *testing.T) {
+	t.Parallel() // see guard
 	clk := clocktesting.NewFakeClock(testNow)
 	// NewClientset stamps managedFields on the wall clock, not on clk, and the
 	// server's write times are what this test is about.

@@ -108,6 +108,7 @@ func TestSelfSignedConfigErrors(t *testing.T) {
 // step a real TLS client, whose clock is the fake clock and who trusts only
 // the CA bundle it fetched one step earlier, must complete a handshake.
 func TestSelfSignedRotationManyLifetimes(t *testing.T) {
+	t.Parallel() // see guard
 	const lifetime = time.Hour
 	clk := clienttesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	s, err := NewSelfSigned(SelfSignedConfig{Lifetime: lifetime, Clock: clk})

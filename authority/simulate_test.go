@@ -2113,7 +2113,7 @@ func (w *simWorld) checkInvariants() {
 	w.unprobed = unprobed
 	// S3: a CA marked compromised leaves every bundle within
 	// simDrainBound of quiet time.
-	brokenForGood := w.secret != nil && w.parsedSign == nil
+	brokenForGood := w.secret != nil && (w.parsedSign == nil || w.noneCanRepair())
 	for fp, at := range w.marked {
 		since := w.now.Sub(latest(at, w.quietSince))
 		if brokenForGood && since >= simDrainBound {
@@ -2276,6 +2276,26 @@ func (w *simWorld) deadLeaseHeld() bool {
 		r.mu.Unlock()
 	}
 	return false
+}
+
+// noneCanRepair reports whether a replica runs and every running replica
+// finds the Secret unusable as read and cannot repair it (an
+// unrepairableError: it holds nothing of what the edit took away, such as a
+// CA pasted with its key over the signing CA's, read by processes that all
+// started after the edit).
+func (w *simWorld) noneCanRepair() bool {
+	running := false
+	for _, s := range w.slots {
+		if s.proc == nil || !w.alive(s.proc) || w.paused(s.proc) || !s.proc.checked {
+			continue
+		}
+		// unrepairableError's wording, as Status.Broken carries it.
+		if !strings.Contains(s.proc.a.Status().Broken, "this replica cannot repair it") {
+			return false
+		}
+		running = true
+	}
+	return running
 }
 
 // apiDown reports whether every request of slot fails now.
@@ -2599,7 +2619,12 @@ const (
 	// gapBrokenEmergency: the Secret's signing part broken by hand during
 	// an emergency: every replica holds only the compromised CA as its
 	// signing CA and refuses to write it back, although it holds the
-	// successor, which it could write back as the signing CA.
+	// successor, which it could write back as the signing CA; or a CA
+	// pasted with its key over the compromised CA's, read only by
+	// processes started after the edit (make simulate, hand edits: seed
+	// 15537): none can repair the Secret (Broken), and none drops the
+	// compromised CA from ca.crt, although it could make a successor and
+	// publish it without it.
 	gapBrokenEmergency = "Secret broken during an emergency"
 	// gapDeadLease (issue 27 §1): the Lease a killed replica left behind
 	// holds an emergency while every process lives shorter than the
