@@ -27,16 +27,37 @@ import (
 // Authority's own layout (nothing is adopted there).
 const OtherWriterCAsAnnotation = "evercert.io/other-writer-cas"
 
+// AnchorCAAnnotation holds, on every write of an Authority that adopts
+// another rotator's Secret (Config.Adopt), the Fingerprint of the anchor:
+// the CA adopted when the migration began (the first adoption of a Secret
+// no Authority had written), as long as it is in ca.crt. Every replica
+// keeps the anchor until it expires (a replica cut off since the migration
+// began renews from it, whatever the length of the cut) and never names it
+// in OtherWriterCAsAnnotation; a replica that starts during an overlap
+// takes it from here rather than its own first adoption, which is then the
+// other writer's like any rewrite: else each pod of a rolling update kept
+// the rewrite it adopted first as its anchor, one CA more in ca.crt per pod
+// for ten years at cert-controller's defaults (the simulator's A2). The
+// old rotator's rewrites keep the annotation, as they keep every
+// annotation, and every write keeps it as read while it names a CA of
+// ca.crt. Editing it only keeps the CA it names longer (for the replicas
+// that read it; the others keep the anchor they know); removing it makes a
+// replica that starts during an overlap keep its first adoption as before,
+// until it expires. Not written in the Authority's own layout.
+const AnchorCAAnnotation = "evercert.io/anchor-ca"
+
 // learnRecorded adds to the other writer's CAs (episode) those of st (its
 // signing CA, successor, bundle and recorded bundle) that
 // OtherWriterCAsAnnotation of s lists: another replica adopted or read
-// them as the other writer's.
+// them as the other writer's. The first of them that AnchorCAAnnotation
+// names is the fleet's anchor (origin), unless this process knows it
+// already.
 func (w *foreignWriter) learnRecorded(s *corev1.Secret, st *caSet) {
 	if w == nil {
 		return
 	}
-	v := s.Annotations[OtherWriterCAsAnnotation]
-	if v == "" {
+	v, anchor := s.Annotations[OtherWriterCAsAnnotation], s.Annotations[AnchorCAAnnotation]
+	if v == "" && anchor == "" {
 		return
 	}
 	fps := strings.Split(v, ",")
@@ -53,7 +74,11 @@ func (w *foreignWriter) learnRecorded(s *corev1.Secret, st *caSet) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range cands {
-		if slices.Contains(fps, Fingerprint(c)) {
+		fp := Fingerprint(c)
+		if w.origin == nil && fp == anchor {
+			w.origin = c
+		}
+		if v != "" && slices.Contains(fps, fp) {
 			w.rememberLocked(c)
 		}
 	}
@@ -61,28 +86,45 @@ func (w *foreignWriter) learnRecorded(s *corev1.Secret, st *caSet) {
 
 // writeRecord stores in s, written with st in force, the CAs of st's
 // bundle that this process knows as the other writer's
-// (OtherWriterCAsAnnotation); none in the Authority's own layout.
+// (OtherWriterCAsAnnotation) and the anchor (AnchorCAAnnotation: as read,
+// else the one this process knows, while it is in st's bundle); none in
+// the Authority's own layout.
 func (w *foreignWriter) writeRecord(s *corev1.Secret, st *caSet) {
 	var fps []string
+	anchor := ""
 	if w != nil && w.layout != LayoutEvercert {
 		w.mu.Lock()
+		inBundle := map[string]bool{}
 		for _, c := range st.bundle {
-			// Never the anchor: every replica keeps it until it expires
+			inBundle[Fingerprint(c)] = true
+			// Never an anchor: every replica keeps it until it expires
 			// (a replica cut off since the overlap began renews from it),
 			// and a replica that learned it here as the other writer's
 			// would trim it (review43b).
-			if containsCert(w.episode, c) && (w.anchor == nil || !w.anchor.Equal(c)) {
+			if containsCert(w.episode, c) && !w.anchoredLocked(c) {
 				fps = append(fps, Fingerprint(c))
 			}
 		}
+		switch {
+		case inBundle[s.Annotations[AnchorCAAnnotation]]:
+			anchor = s.Annotations[AnchorCAAnnotation]
+		case w.origin != nil && inBundle[Fingerprint(w.origin)]:
+			anchor = Fingerprint(w.origin)
+		}
 		w.mu.Unlock()
 	}
-	if len(fps) == 0 {
-		delete(s.Annotations, OtherWriterCAsAnnotation)
+	setAnnotation(s, OtherWriterCAsAnnotation, strings.Join(fps, ","))
+	setAnnotation(s, AnchorCAAnnotation, anchor)
+}
+
+// setAnnotation sets s's annotation k to v, or removes it when v is "".
+func setAnnotation(s *corev1.Secret, k, v string) {
+	if v == "" {
+		delete(s.Annotations, k)
 		return
 	}
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[OtherWriterCAsAnnotation] = strings.Join(fps, ",")
+	s.Annotations[k] = v
 }

@@ -108,10 +108,13 @@ import (
 // replaced is left out unless a peer announces a leaf of it: the old
 // rotator's CAs are valid for years, and nothing signs with them after the
 // trim. "A peer announces" counts a Lease that expired but is not yet
-// collected (replicaSet.announces), and the CA this process signed with
-// when its first episode began (anchor) is always kept: a replica cut off
-// from the API server renews from the CA in its memory, and a review found
-// both rules dropping that CA under it. What no rule can see: a peer that
+// collected (replicaSet.announces), and the anchors are always kept: the
+// CA adopted when the migration began (origin, the fleet's: every write
+// records it, AnchorCAAnnotation) and the CA this process signed with when
+// its first episode began (anchor) unless that is one of the other
+// writer's and origin is known. A replica cut off from the API server
+// renews from the CA in its memory, and a review found both rules dropping
+// that CA under it. What no rule can see: a peer that
 // adopted a CA this process never read, and a peer cut off after it adopted
 // a CA during the overlap for longer than its Lease is kept. Either writes
 // the CA back at its next read (machine.restore).
@@ -170,8 +173,19 @@ type foreignWriter struct {
 	// the overlap renews its leaves from, for as long as the cut lasts,
 	// with no Lease that says so once its Lease is collected. Every trim
 	// keeps it, and it is never retired: it stays until it expires, as the
-	// CA of any adoption does (docs/migrating.md).
+	// CA of any adoption does (docs/migrating.md). Not one of the other
+	// writer's CAs other than origin once origin is known: a pod that
+	// started during the overlap signs with the rewrite it adopted first,
+	// and took it for its anchor, kept for its ten years, one CA more in
+	// ca.crt per pod of a rolling update (the simulator's A2).
 	anchor *x509.Certificate
+	// origin is the fleet's anchor: the CA adopted when the migration
+	// began (this process's first read of a Secret no Authority had
+	// written), or the one AnchorCAAnnotation names, the first this
+	// process read. Kept and never retired, as anchor is; a later hand
+	// edit of the annotation does not replace it (it only adds, for the
+	// processes that read it, a CA kept longer).
+	origin *x509.Certificate
 	// overlapSeen: this process read the other writer's rewrite of a
 	// Secret the Authority had written (a hold, or a first read whose
 	// WrittenCAAnnotation names another CA): its own evidence of an
@@ -281,6 +295,11 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		// CA adopted (a review found it in ca.crt until it expired, never
 		// retired).
 		w.rememberLocked(st.signing.Cert)
+		if w.origin == nil && in.last == nil && in.written == "" && len(in.marks) == 0 {
+			// No Authority wrote this Secret: the migration begins
+			// here, with this CA (AnchorCAAnnotation).
+			w.origin = st.signing.Cert
+		}
 	}
 	if in.adopted && st.signing != nil && in.written != "" && in.written != Fingerprint(st.signing.Cert) {
 		w.overlapSeen = true
@@ -306,10 +325,14 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 			w.key, w.layout, st.signing.Cert.Subject.CommonName, now.UTC().Format(time.RFC3339), w.wait.Round(time.Second))
 		if !w.active {
 			w.active = true
-			if w.anchor == nil && in.last.signing != nil {
+			if w.anchor == nil && in.last.signing != nil && (w.origin == nil || !containsCert(w.episode, in.last.signing.Cert)) {
+				// Once the fleet's anchor is known (origin), one of the
+				// other writer's CAs is never this process's own anchor:
+				// it signs here because this process started during the
+				// overlap and adopted a rewrite (see anchor).
 				w.anchor = in.last.signing.Cert
 			}
-			if in.last.signing != nil && !in.last.signing.Cert.Equal(w.anchor) {
+			if in.last.signing != nil && !w.anchoredLocked(in.last.signing.Cert) {
 				// The CA that signed during the overlap, since an
 				// adoption the old tool answered (its own, or one of
 				// ours: knative's CA has no key, so each round makes one
@@ -352,6 +375,23 @@ func (w *foreignWriter) settled(now time.Time) {
 	w.mu.Unlock()
 }
 
+// anchored reports whether c is an anchor (anchoredLocked); false
+// without Config.Adopt.
+func (w *foreignWriter) anchored(c *x509.Certificate) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.anchoredLocked(c)
+}
+
+// anchoredLocked reports whether c is an anchor (anchor, origin): kept by
+// every trim, never retired, never named as the other writer's.
+func (w *foreignWriter) anchoredLocked(c *x509.Certificate) bool {
+	return w.anchor != nil && w.anchor.Equal(c) || w.origin != nil && w.origin.Equal(c)
+}
+
 // rememberLocked adds c to the other writer's CAs (episode), keeping the
 // last maxForeignCAs.
 func (w *foreignWriter) rememberLocked(c *x509.Certificate) {
@@ -379,6 +419,9 @@ func (w *foreignWriter) kept(last *caSet, serving *x509.Certificate, peerServes 
 	}
 	add(serving)
 	add(w.anchor)
+	if w.origin != nil && last.knows(w.origin) {
+		add(w.origin)
+	}
 	if last.signing != nil {
 		add(last.signing.Cert)
 	}
@@ -421,7 +464,7 @@ func (w *foreignWriter) retireKept(st *caSet, now time.Time) bool {
 	defer w.mu.Unlock()
 	at, recorded := now.Add(w.retireIn), false
 	for _, c := range st.bundle {
-		if !containsCert(w.episode, c) || st.knowsSigning(c) || w.anchor != nil && w.anchor.Equal(c) {
+		if !containsCert(w.episode, c) || st.knowsSigning(c) || w.anchoredLocked(c) {
 			continue
 		}
 		if t, ok := st.retire[Fingerprint(c)]; ok && !t.After(at) {
@@ -459,7 +502,7 @@ func (w *foreignWriter) retireReplaced(st *caSet, prev []*x509.Certificate, now 
 	}
 	recorded := false
 	for _, c := range prev {
-		if st.knowsSigning(c) || !containsCert(st.bundle, c) || !containsCert(w.episode, c) || w.anchor != nil && w.anchor.Equal(c) {
+		if st.knowsSigning(c) || !containsCert(st.bundle, c) || !containsCert(w.episode, c) || w.anchoredLocked(c) {
 			continue
 		}
 		if _, ok := st.retire[Fingerprint(c)]; ok {

@@ -76,13 +76,16 @@ func recordedBundle(secret *corev1.Secret, st *caSet) ([]*x509.Certificate, erro
 // force yet (in.last is nil, or only the Secret as read during a clock
 // skew hold: caSet.skewHeld), the recorded CAs (caSet.recorded) that a peer
 // may serve a leaf of: still valid, not marked compromised or dropped, and
-// announced by a peer's Lease (in.peerServes), or every one when this
-// process cannot see the Leases (no announcements, or blind: RBAC, a list
-// that keeps failing). A replica with a state in force keeps its own
+// announced by a peer's Lease (in.peerServes) or the anchor
+// (AnchorCAAnnotation: a replica cut off since the migration began renews
+// from it, with no Lease once its Lease is collected), or every one when
+// this process cannot see the Leases (no announcements, or blind: RBAC, a
+// list that keeps failing). A replica with a state in force keeps its own
 // memory of what it served (foreignWriter's trim). Each CA added that way
-// gets a retirement, as the trim gives the CAs it keeps for a leaf served
-// then (foreignWriter.retireIn): it leaves the bundle once every leaf of it
-// can have expired, unless a peer still serves one (machine.retire). With
+// but the anchor, which stays until it expires, gets a retirement, as the
+// trim gives the CAs it keeps for a leaf served then
+// (foreignWriter.retireIn): it leaves the bundle once every leaf of it can
+// have expired, unless a peer still serves one (machine.retire). With
 // the Leases in sight the old rotator's CAs that no peer serves stay out,
 // and those kept do not pile up: each replica of a rolling update adopts
 // the rewrite it reads first, and carrying the record forward whole, or
@@ -107,11 +110,12 @@ func (m *machine) trustRecorded(st *caSet, in stepInput) {
 		if !c.IsCA || !in.now.Before(c.NotAfter) || st.ops.marks(fp) || containsCert(st.bundle, c) {
 			continue
 		}
-		if seen && !in.peerServes(c) {
+		anchor := m.writer.anchored(c)
+		if seen && !in.peerServes(c) && !anchor {
 			continue
 		}
 		st.bundle = append(st.bundle, c)
-		if _, ok := st.retire[fp]; !ok && seen && m.writer != nil {
+		if _, ok := st.retire[fp]; !ok && seen && m.writer != nil && !anchor {
 			st.retireAt(c, in.now.Add(m.writer.retireIn))
 		}
 	}
