@@ -731,6 +731,21 @@ var simAdoptRegressions = []struct {
 		"seed 656: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n21m27s pause r2 for 20m44s\n28m21s oldrot for 13m0s answer 10s"},
 	{"L1: the trim after the overlap left out the successor made at the adoption (a key store: the adopted CA's key was in the Secret), still valid, and the simulator's publishers refused every later bundle without it, so no successor was observed and every replica stalled (a model gap: cabundle writes over a value no live replica announces)",
 		"seed 1171: 3 replicas, publishers [r0 r1 r2], 1h20m0s CAs, 1 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 5m0s answer 3s"},
+	// A holding replica whose reads of the Secret failed or were slow
+	// missed a peer's adoption (the trim, or an operator's request) and
+	// read the old rotator's answer to it: its hold served its state and
+	// the old rotator's current CA only, so the CA the peer adopted left
+	// its bundle and the targets it publishes while its Lease still
+	// announced it (foreignWriter.peersRecordedLocked;
+	// TestForeignWriterHoldKeepsCAPeerAdoptedUnread).
+	{"S2: a replica whose calls timed out missed its peer's adoption after the overlap, and its hold took the adopted CA out of the caBundle target before the peer's first leaf of it",
+		"seed 1893: 2 replicas, publishers [r1], 40m0s CAs, 3 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 1m0s answer 28s\n0s oldrot for 7m0s answer 10s\n3m1s slow r1 for 3m19s *:*:timeout"},
+	{"S2: the same on a ClusterTrustBundle, a replica's key store hanging its checks",
+		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang"},
+	{"S2: the same through a second window of the old rotator's pods",
+		"seed 1801: 3 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0 r1], adopting cert-controller's Secret\n0s oldrot for 6m0s answer 29s\n7m49s oldrot for 2m0s answer 27s every 2m45s\n8m15s keys r0 for 17m19s hang"},
+	{"S1: the same, and an operator's rotation request then made the peer adopt the next rewrite while it still served a leaf of the CA it adopted before: the hold served only the CA the Secret names as signing, and took the served one out of the ClusterTrustBundle (the recorded CAs a peer serves leaves of are served too)",
+		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang\n15m9s rotate"},
 }
 
 // TestSimulateAdoptRegressions replays every schedule in
