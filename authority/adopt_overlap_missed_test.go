@@ -2,10 +2,16 @@ package authority
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clienttesting "k8s.io/client-go/testing"
 )
 
 // TestForeignWriterHoldKeepsCAPeerAdoptedUnread (the simulator, seeds
@@ -57,4 +63,55 @@ func TestForeignWriterHoldKeepsCAPeerAdoptedUnread(t *testing.T) {
 	require.True(t, caInBundle(t, a.CurrentCABundleContent(), old.latest.ca), "a's hold serves the old rotator's current CA, O3")
 	require.True(t, caInBundle(t, a.CurrentCABundleContent(), o2.ca), "a's hold serves O2, which b signs with")
 	require.NoError(t, a.Leaf().CheckSignatureFrom(o1.ca.Cert), "a serves its leaf of O1 during the hold")
+}
+
+// TestForeignWriterStalledUntilAdoptionWritten (the simulator, seed 1434,
+// V1): a holds on the old rotator's rewrites, its state in force differing
+// from the Secret's all along and Status saying so (Stalled,
+// ForeignWriter). Once the Secret has been left alone for the quiet
+// period, a adopts it, but every write conflicts (another writer keeps
+// updating the Secret's metadata). A conflict streak is reported only once
+// it outlasts a check interval, and the reason was cleared as soon as the
+// quiet period was over: a, diverged for the whole hold, said nothing
+// meanwhile. It says Stalled until the adoption is written.
+func TestForeignWriterStalledUntilAdoptionWritten(t *testing.T) {
+	old, client, clk, _ := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	a := attackAuthority(t, client, clk, "holding-a", func(c *Config) { c.Adopt = LayoutCertController })
+	require.NoError(t, a.RunOnce(ctx))
+	clk.Step(5 * time.Second)
+	old.rewrite()
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+
+	var conflicts atomic.Bool
+	client.PrependReactor("update", "secrets", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if !conflicts.Load() {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "secrets"}, "ca", fmt.Errorf("simulated: another writer updated it first"))
+	})
+	conflicts.Store(true)
+	for steps := 0; ; steps++ {
+		require.Less(t, steps, 120, "a did not try to adopt the rewrite within twenty minutes")
+		clk.Step(10 * time.Second)
+		err := a.RunOnce(ctx)
+		if err == nil {
+			require.NotEmpty(t, a.Status().ForeignWriter, "a holds until the quiet period is over")
+			continue
+		}
+		require.True(t, apierrors.IsConflict(err), "the adoption's write conflicts: %v", err)
+		break
+	}
+	st := a.Status()
+	require.Nil(t, st.LastError, "a conflict streak shorter than a check interval is not a failed check")
+	require.True(t, st.Stalled, "a's state in force is not the Secret's and its adoption is not written: Status says so")
+	require.NotEmpty(t, st.ForeignWriter, "the reason names the adoption that is not written yet")
+
+	conflicts.Store(false)
+	require.NoError(t, a.RunOnce(ctx))
+	st = a.Status()
+	require.Empty(t, st.ForeignWriter, "the adoption is written")
+	require.False(t, st.Stalled)
+	require.Equal(t, Fingerprint(old.latest.ca.Cert), st.Signing.Fingerprint, "a adopted the rewrite")
 }

@@ -341,7 +341,14 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		}
 		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false
 	}
-	w.why = ""
+	// Stalled until the adoption is in force (settled): the state in force
+	// still differs from the Secret's, and a write of the adoption that
+	// conflicts is reported only once the streak outlasts a check interval
+	// (issuer.check), so clearing the reason here left a replica that had
+	// diverged for the whole hold saying nothing meanwhile (the simulator,
+	// seed 1434, V1).
+	w.why = fmt.Sprintf("the other writer has left CA secret %s alone for %v (CA %q, read at %s): adopting it once, serving the last good content until that adoption is written",
+		w.key, w.wait.Round(time.Second), st.signing.Cert.Subject.CommonName, w.since.UTC().Format(time.RFC3339))
 	return nil, true
 }
 

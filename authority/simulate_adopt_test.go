@@ -746,6 +746,13 @@ var simAdoptRegressions = []struct {
 		"seed 1801: 3 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0 r1], adopting cert-controller's Secret\n0s oldrot for 6m0s answer 29s\n7m49s oldrot for 2m0s answer 27s every 2m45s\n8m15s keys r0 for 17m19s hang"},
 	{"S1: the same, and an operator's rotation request then made the peer adopt the next rewrite while it still served a leaf of the CA it adopted before: the hold served only the CA the Secret names as signing, and took the served one out of the ClusterTrustBundle (the recorded CAs a peer serves leaves of are served too)",
 		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang\n15m9s rotate"},
+	// The hold's reason was cleared once the quiet period was over, before
+	// the adoption was written; its write conflicting, the replica said
+	// nothing for up to a check interval (a conflict streak is reported
+	// once it outlasts one), diverged from the Secret since the hold
+	// began (foreignWriter.decide; TestForeignWriterStalledUntilAdoptionWritten).
+	{"V1: the adoption that ended a hold kept conflicting, and the replica, in force with another CA than the Secret's for the whole hold, said nothing while the conflict streak was shorter than a check interval",
+		"seed 1434: 1 replicas, publishers [r0], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n6m21s oldrot for 5m0s answer 12s every 1m37s\n8m13s api r0 for 10m7s secrets:update:409"},
 }
 
 // TestSimulateAdoptRegressions replays every schedule in
