@@ -115,3 +115,41 @@ func TestForeignWriterStalledUntilAdoptionWritten(t *testing.T) {
 	require.False(t, st.Stalled)
 	require.Equal(t, Fingerprint(old.latest.ca.Cert), st.Signing.Fingerprint, "a adopted the rewrite")
 }
+
+// TestForeignWriterRestartedPeerTrustsRecordedSigningCA (the simulator,
+// seed 129, S1): a adopts the old rotator's rewrite (O2) at the end of a
+// hold and signs with it; the old rotator answers with another rewrite
+// (O3); b, a rolling update's next pod, starts on that rewrite. b trusted
+// only the recorded CAs a peer's Lease announces a leaf of, and a announced
+// none of O2 yet (its leaf was still O1's, or its Lease not renewed since):
+// b published a bundle without the CA a signs with, and a's next leaf
+// failed b's clients, and those of the caBundle target b publishes. The CA
+// the Authority's last write signed with (WrittenCAAnnotation) is trusted
+// as a served one is.
+func TestForeignWriterRestartedPeerTrustsRecordedSigningCA(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	ctx := context.Background()
+	announced := func(c *Config) { c.Adopt, c.DisableReplicaAnnouncements = LayoutCertController, false }
+	a := attackAuthority(t, client, clk, "adopting-a", announced)
+	require.NoError(t, a.RunOnce(ctx))
+	require.NoError(t, a.Leaf().CheckSignatureFrom(o1.ca.Cert), "a signs with the CA it adopted")
+	clk.Step(5 * time.Second)
+	old.rewrite()
+	o2 := old.latest
+	require.NoError(t, a.RunOnce(ctx))
+	require.NotEmpty(t, a.Status().ForeignWriter, "a holds")
+	for steps := 0; a.Status().ForeignWriter != ""; steps++ {
+		require.Less(t, steps, 120, "a did not adopt O2 within twenty minutes")
+		clk.Step(10 * time.Second)
+		require.NoError(t, a.RunOnce(ctx))
+	}
+	require.Equal(t, Fingerprint(o2.ca.Cert), a.Status().Signing.Fingerprint, "a adopted O2")
+
+	clk.Step(5 * time.Second)
+	old.rewrite() // its answer to a's adoption
+	b := attackAuthority(t, client, clk, "restarted-b", announced)
+	require.NoError(t, b.RunOnce(ctx))
+	require.True(t, caInBundle(t, b.CurrentCABundleContent(), old.latest.ca), "b adopted the rewrite it read first")
+	require.True(t, caInBundle(t, b.CurrentCABundleContent(), o2.ca), "b's bundle holds O2, which a signs with")
+	require.True(t, caInBundle(t, getSecret(t, client).Data["ca.crt"], o2.ca), "the ca.crt b wrote holds O2")
+}

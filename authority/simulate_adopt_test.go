@@ -753,6 +753,13 @@ var simAdoptRegressions = []struct {
 	// began (foreignWriter.decide; TestForeignWriterStalledUntilAdoptionWritten).
 	{"V1: the adoption that ended a hold kept conflicting, and the replica, in force with another CA than the Secret's for the whole hold, said nothing while the conflict streak was shorter than a check interval",
 		"seed 1434: 1 replicas, publishers [r0], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n6m21s oldrot for 5m0s answer 12s every 1m37s\n8m13s api r0 for 10m7s secrets:update:409"},
+	// A pod of a rolling update that started on the old rotator's rewrite
+	// trusted only the recorded CAs a peer announced a leaf of, not the one
+	// the Authority's last write signed with, which its peer then signed
+	// with while it held (trustRecorded;
+	// TestForeignWriterRestartedPeerTrustsRecordedSigningCA).
+	{"S1: a replica rolled out during the overlap published a bundle without the CA its peer's write had adopted after an operator's rotation request, and the peer's next leaf of it failed the caBundle's clients once the old pods were gone",
+		"seed 129: 2 replicas, publishers [r0 r1], 1h0m0s CAs, 4 faults, adopting cert-controller's Secret\n16m56s oldrot for 12m0s answer 21s every 44s\n22m32s rollout for 6m32s x1\n22m51s api r0 for 3m14s secrets:update:409\n24m2s rotate"},
 }
 
 // TestSimulateAdoptRegressions replays every schedule in

@@ -76,9 +76,12 @@ func recordedBundle(secret *corev1.Secret, st *caSet) ([]*x509.Certificate, erro
 // force yet (in.last is nil, or only the Secret as read during a clock
 // skew hold: caSet.skewHeld), the recorded CAs (caSet.recorded) that a peer
 // may serve a leaf of: still valid, not marked compromised or dropped, and
-// announced by a peer's Lease (in.peerServes), or every one when this
-// process cannot see the Leases (no announcements, or blind: RBAC, a list
-// that keeps failing). A replica with a state in force keeps its own
+// announced by a peer's Lease (in.peerServes), or the CA that write signed
+// with (WrittenCAAnnotation: the peer that wrote or read it signs with it
+// next, renewing from it in memory while it holds, before its Lease
+// announces a leaf of it; the simulator, seed 129, S1), or every one when
+// this process cannot see the Leases (no announcements, or blind: RBAC, a
+// list that keeps failing). A replica with a state in force keeps its own
 // memory of what it served (foreignWriter's trim). Each CA added that way
 // gets a retirement, as the trim gives the CAs it keeps for a leaf served
 // then (foreignWriter.retireIn): it leaves the bundle once every leaf of it
@@ -107,7 +110,7 @@ func (m *machine) trustRecorded(st *caSet, in stepInput) {
 		if !c.IsCA || !in.now.Before(c.NotAfter) || st.ops.marks(fp) || containsCert(st.bundle, c) {
 			continue
 		}
-		if seen && !in.peerServes(c) {
+		if seen && !in.peerServes(c) && fp != in.written {
 			continue
 		}
 		st.bundle = append(st.bundle, c)
