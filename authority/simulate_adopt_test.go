@@ -744,6 +744,8 @@ var simAdoptRegressions = []struct {
 		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang"},
 	{"S2: the same through a second window of the old rotator's pods",
 		"seed 1801: 3 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0 r1], adopting cert-controller's Secret\n0s oldrot for 6m0s answer 29s\n7m49s oldrot for 2m0s answer 27s every 2m45s\n8m15s keys r0 for 17m19s hang"},
+	{"S1: the same with the only caBundle publisher's key store failing: its hold took the CA its peers adopted out of the caBundle, which lacked it once the old pods were gone",
+		"seed 786: 3 replicas, publishers [r1], 40m0s CAs, 3 faults, CA keys in a key store, adopting cert-controller's Secret\n5m28s rotate\n18m42s oldrot for 4m0s answer 8s\n19m19s keys r1 for 21m56s fail"},
 	{"S1: the same, and an operator's rotation request then made the peer adopt the next rewrite while it still served a leaf of the CA it adopted before: the hold served only the CA the Secret names as signing, and took the served one out of the ClusterTrustBundle (the recorded CAs a peer serves leaves of are served too)",
 		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang\n15m9s rotate"},
 	// The hold's reason was cleared once the quiet period was over, before
