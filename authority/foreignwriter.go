@@ -35,7 +35,10 @@ import (
 // its pods serve leaves of (and which it injects into the caBundles
 // itself), so that a caBundle publisher of this replica's never takes that
 // trust away from them while they still serve. Only the current one is
-// added, never one per rewrite. It reports Stalled with the reason
+// added, never one per rewrite; and, when a peer adopted a rewrite that
+// this replica never read (the Secret's record of the Authority's last
+// write names it: peersRecordedLocked), the CA that peer signs with and
+// the recorded CAs a peer serves leaves of. It reports Stalled with the reason
 // (RotationStatus.ForeignWriter), sends one Warning Event per episode and
 // counts every rewrite (evercert_ca_secret_foreign_rewrites_total), but it
 // keeps the ca-rotation readiness check green while it serves a valid leaf:
@@ -354,10 +357,59 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		if !containsCert(serve.bundle, st.signing.Cert) && !mutations.holdOmitsForeignCA {
 			serve.bundle = append(serve.bundle, st.signing.Cert)
 		}
+		for _, c := range w.peersRecordedLocked(in) {
+			if !containsCert(serve.bundle, c) {
+				serve.bundle = append(serve.bundle, c)
+			}
+		}
 		return &foreignWriterHold{reason: w.why, retryIn: left, serve: &serve}, false
 	}
-	w.why = ""
+	// Stalled until the adoption is in force (settled): the state in force
+	// still differs from the Secret's, and a write of the adoption that
+	// conflicts is reported only once the streak outlasts a check interval
+	// (issuer.check), so clearing the reason here left a replica that had
+	// diverged for the whole hold saying nothing meanwhile (the simulator,
+	// seed 1434, V1).
+	w.why = fmt.Sprintf("the other writer has left CA secret %s alone for %v (CA %q, read at %s): adopting it once, serving the last good content until that adoption is written",
+		w.key, w.wait.Round(time.Second), st.signing.Cert.Subject.CommonName, w.since.UTC().Format(time.RFC3339))
 	return nil, true
+}
+
+// peersRecordedLocked returns the CAs of the bundle the Authority's last
+// write recorded (WrittenBundleAnnotation) that its peers may sign or serve
+// with although this process's state in force lacks them, when the other
+// writer rewrote the Secret since: the CA that write signed with
+// (WrittenCAAnnotation: a peer's adoption, the trim after an episode or an
+// operator's request, that this process never read, its reads failing or
+// slow meanwhile), and every recorded CA a peer's Lease announces a leaf
+// of (every one when this process cannot see the Leases), as a replica
+// starting on the rewrite trusts them (machine.trustRecorded). The hold
+// serves its state in force and the other writer's current CA only, so a
+// rewrite after a peer's adoption took the CA the peer adopted, the other
+// writer's previous one, out of this replica's bundle, its caBundle target
+// and its ClusterTrustBundle, while its Lease still announced it until its
+// next write: the peer's leaves of it failed their clients (the simulator,
+// S2 and S1: seeds 1397, 1801, 1893). Left out: a CA no longer valid,
+// marked compromised or dropped, or that a trim of this process left out
+// (a rollback, never trusted again). Bounded by the record
+// (maxRecordedTrust), never one per rewrite.
+func (w *foreignWriter) peersRecordedLocked(in stepInput) []*x509.Certificate {
+	st := in.read
+	if in.written == "" || in.last == nil {
+		return nil
+	}
+	seen := in.peerServes != nil && (in.obs.blind == nil || in.obs.blind() == "")
+	var out []*x509.Certificate
+	for _, c := range st.recorded {
+		fp := Fingerprint(c)
+		if !c.IsCA || !in.now.Before(c.NotAfter) || st.ops.marks(fp) || in.last.knows(c) || w.wasTrimmedLocked(c, in.now) {
+			continue
+		}
+		if fp == in.written || !seen || in.peerServes(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // settled records a check that decided without holding: an episode is

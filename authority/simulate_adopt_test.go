@@ -754,6 +754,37 @@ var simAdoptRegressions = []struct {
 		"seed 450: 4 replicas, publishers [r0 r1 r3], 40m0s CAs, 5 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 4m0s answer 25s every 44s\n9m50s compromise\n11m19s api r0 for 6m52s *:*:429\n13m34s rollout for 3m8s x5\n18m39s oldrot for 14m0s answer 10s"},
 	{"A2: the same with twelve rollouts of six replicas during the overlap",
 		"seed 1680: 6 replicas, publishers [r0 r3 r5], 1h0m0s CAs, 3 faults, ClusterTrustBundle [r0 r1 r2 r3 r4 r5], adopting cert-controller's Secret\n4m1s slow r0 for 10m9s secrets:update:timeout\n7m6s rollout for 43s x12\n7m42s oldrot for 12m0s answer 23s"},
+	// A holding replica whose reads of the Secret failed or were slow
+	// missed a peer's adoption (the trim, or an operator's request) and
+	// read the old rotator's answer to it: its hold served its state and
+	// the old rotator's current CA only, so the CA the peer adopted left
+	// its bundle and the targets it publishes while its Lease still
+	// announced it (foreignWriter.peersRecordedLocked;
+	// TestForeignWriterHoldKeepsCAPeerAdoptedUnread).
+	{"S2: a replica whose calls timed out missed its peer's adoption after the overlap, and its hold took the adopted CA out of the caBundle target before the peer's first leaf of it",
+		"seed 1893: 2 replicas, publishers [r1], 40m0s CAs, 3 faults, CA keys in a key store, adopting cert-controller's Secret\n0s oldrot for 1m0s answer 28s\n0s oldrot for 7m0s answer 10s\n3m1s slow r1 for 3m19s *:*:timeout"},
+	{"S2: the same on a ClusterTrustBundle, a replica's key store hanging its checks",
+		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang"},
+	{"S2: the same through a second window of the old rotator's pods",
+		"seed 1801: 3 replicas, publishers [], 40m0s CAs, 3 faults, CA keys in a key store, ClusterTrustBundle [r0 r1], adopting cert-controller's Secret\n0s oldrot for 6m0s answer 29s\n7m49s oldrot for 2m0s answer 27s every 2m45s\n8m15s keys r0 for 17m19s hang"},
+	{"S1: the same with the only caBundle publisher's key store failing: its hold took the CA its peers adopted out of the caBundle, which lacked it once the old pods were gone",
+		"seed 786: 3 replicas, publishers [r1], 40m0s CAs, 3 faults, CA keys in a key store, adopting cert-controller's Secret\n5m28s rotate\n18m42s oldrot for 4m0s answer 8s\n19m19s keys r1 for 21m56s fail"},
+	{"S1: the same, and an operator's rotation request then made the peer adopt the next rewrite while it still served a leaf of the CA it adopted before: the hold served only the CA the Secret names as signing, and took the served one out of the ClusterTrustBundle (the recorded CAs a peer serves leaves of are served too)",
+		"seed 1397: 2 replicas, publishers [], 40m0s CAs, 4 faults, CA keys in a key store, ClusterTrustBundle [r0], adopting cert-controller's Secret\n5m38s compromise\n7m44s oldrot for 10m0s answer 7s\n8m33s keys r0 for 29m56s hang\n15m9s rotate"},
+	// The hold's reason was cleared once the quiet period was over, before
+	// the adoption was written; its write conflicting, the replica said
+	// nothing for up to a check interval (a conflict streak is reported
+	// once it outlasts one), diverged from the Secret since the hold
+	// began (foreignWriter.decide; TestForeignWriterStalledUntilAdoptionWritten).
+	{"V1: the adoption that ended a hold kept conflicting, and the replica, in force with another CA than the Secret's for the whole hold, said nothing while the conflict streak was shorter than a check interval",
+		"seed 1434: 1 replicas, publishers [r0], 1h20m0s CAs, 2 faults, adopting cert-controller's Secret\n6m21s oldrot for 5m0s answer 12s every 1m37s\n8m13s api r0 for 10m7s secrets:update:409"},
+	// A pod of a rolling update that started on the old rotator's rewrite
+	// trusted only the recorded CAs a peer announced a leaf of, not the one
+	// the Authority's last write signed with, which its peer then signed
+	// with while it held (trustRecorded;
+	// TestForeignWriterRestartedPeerTrustsRecordedSigningCA).
+	{"S1: a replica rolled out during the overlap published a bundle without the CA its peer's write had adopted after an operator's rotation request, and the peer's next leaf of it failed the caBundle's clients once the old pods were gone",
+		"seed 129: 2 replicas, publishers [r0 r1], 1h0m0s CAs, 4 faults, adopting cert-controller's Secret\n16m56s oldrot for 12m0s answer 21s every 44s\n22m32s rollout for 6m32s x1\n22m51s api r0 for 3m14s secrets:update:409\n24m2s rotate"},
 }
 
 // TestSimulateAdoptRegressions replays every schedule in

@@ -106,8 +106,9 @@ type RotationStatus struct {
 	// Once the Secret has held the same CA for a quiet period (one check
 	// interval, doubling while the rotator answers each adoption with a
 	// rewrite, up to ten) it is adopted once, keeping in ca.crt only the
-	// CAs a served leaf needs. An operator's mark on the Secret ends the
-	// hold at once.
+	// CAs a served leaf needs; until that adoption is written (a write that
+	// conflicts is retried) it says so, and Stalled stays set. An
+	// operator's mark on the Secret ends the hold at once.
 	ForeignWriter string
 	// foreignWriterOnly: Stalled is set for ForeignWriter alone, which
 	// RotationCheck does not fail on.

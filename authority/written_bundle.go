@@ -76,9 +76,12 @@ func recordedBundle(secret *corev1.Secret, st *caSet) ([]*x509.Certificate, erro
 // force yet (in.last is nil, or only the Secret as read during a clock
 // skew hold: caSet.skewHeld), the recorded CAs (caSet.recorded) that a peer
 // may serve a leaf of: still valid, not marked compromised or dropped, and
-// announced by a peer's Lease (in.peerServes) or the anchor
+// announced by a peer's Lease (in.peerServes), or the anchor
 // (AnchorCAAnnotation: a replica cut off since the migration began renews
-// from it, with no Lease once its Lease is collected), or every one when
+// from it, with no Lease once its Lease is collected), or the CA that write
+// signed with (WrittenCAAnnotation: the peer that wrote or read it signs
+// with it next, renewing from it in memory while it holds, before its Lease
+// announces a leaf of it; the simulator, seed 129, S1), or every one when
 // this process cannot see the Leases (no announcements, or blind: RBAC, a
 // list that keeps failing). A replica with a state in force keeps its own
 // memory of what it served (foreignWriter's trim). Each CA added that way
@@ -111,7 +114,7 @@ func (m *machine) trustRecorded(st *caSet, in stepInput) {
 			continue
 		}
 		anchor := m.writer.anchored(c)
-		if seen && !in.peerServes(c) && !anchor {
+		if seen && !in.peerServes(c) && !anchor && fp != in.written {
 			continue
 		}
 		st.bundle = append(st.bundle, c)
