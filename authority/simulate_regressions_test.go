@@ -77,6 +77,8 @@ var simRegressions = []struct {
 		"seed 24771: 5 replicas, publishers [r0 r1 r2 r3 r4], 40m0s CAs, 9 faults\n4m39s keys r4 for 23m17s hang\n14m13s rotate\n30m32s kill r0 for 6m5s new-id\n30m39s silent r0 for 15m57s\n32m0s silent r3 for 29m36s\n34m57s silent r0 for 5m56s\n37m32s compromise\n38m8s rollout for 7m54s x9\n51m1s silent r1 for 27m0s"},
 	{"L1: a killed replica's Lease held a routine rotation through rollouts every 4m30s, shorter than a first-seen Lease's wait (replicaSet.expireDeadOnServerLocked: the API server's write times date it)",
 		"seed 18726: 5 replicas, publishers [r0 r3], 1h20m0s CAs, 10 faults, CA keys in a key store\n19m11s compromise\n24m44s drift r4 -27ms\n25m10s rotate\n31m22s api r3 for 13m44s secrets:get:409\n34m5s kill r4 for 5m58s new-id\n37m35s stop r3 for 6m15s\n48m43s stop r4 for 8m8s\n50m2s pause r3 for 25m46s\n1h2m3s stop r1 for 55s\n1h10m31s rollout for 4m30s x8"},
+	{"S3: a mark made and taken away by a restored backup while the only replica's reads failed, judged as if a replica had read it (simulator: forgetUnreadMarks)",
+		"seed 20481: 1 replicas, publishers [], 1h20m0s CAs, 3 faults\n1h2m33s api r0 for 6m32s *:*:500\n1h5m44s compromise\n1h7m5s restore from 16m8s ago"},
 	{"S2: a replica live for less than a watch delivery counted as live (simulator)",
 		"seed 16249: 5 replicas, publishers [r0 r1 r2 r3], 40m0s CAs\n0s compromise"},
 }

@@ -1726,12 +1726,35 @@ func (w *simWorld) editSecret(f simFault) {
 		s = w.backups[i].s.DeepCopy()
 		// A backup of a hand edit none could repair is one still.
 		stillEdited = w.backups[i].broken
+		w.forgetUnreadMarks(s)
 	}
 	s.ResourceVersion = w.nextRV()
 	if f.Kind == "paste" || f.Kind == "garble" || stillEdited {
 		w.editedRV = s.ResourceVersion
 	}
 	w.setSecret(s)
+}
+
+// forgetUnreadMarks stops judging (S3) a CA marked compromised, or dropped
+// in an emergency, that the restored Secret s no longer names and that no
+// process holds as known (emergency.known): every replica that read the
+// mark would act on it whatever the Secret says, but a mark no replica
+// read before a backup took it away is gone for all of them, as it is for
+// the Authority (make simulate with hand edits, seed 20481: the mark made
+// and wiped by a restore while the only replica's reads failed).
+func (w *simWorld) forgetUnreadMarks(s *corev1.Secret) {
+	ops := parseOperatorRequests(s)
+	for fp := range w.marked {
+		if ops.compromised == fp || slices.Contains(ops.dropped, fp) {
+			continue
+		}
+		known := slices.ContainsFunc(w.slots, func(sl *simSlot) bool {
+			return sl.proc != nil && w.alive(sl.proc) && sl.proc.a.issuer.emerg.knows(fp)
+		})
+		if !known {
+			delete(w.marked, fp)
+		}
+	}
 }
 
 // forge writes a Lease no replica signed: unsigned, a replay of another
