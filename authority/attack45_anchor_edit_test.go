@@ -74,3 +74,41 @@ func TestAttack45AnchorCAEditRetiresTheAnchor(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack45CompromisedAnchorLeavesDuringOverlap: the anchor (O1) is
+// marked compromised while the old rotator still rewrites and a rollout's
+// next pod starts on its rewrite; the anchor's "kept until it expires"
+// must not keep a compromised CA: it leaves ca.crt and every bundle.
+func TestAttack45CompromisedAnchorLeavesDuringOverlap(t *testing.T) {
+	old, client, clk, o1 := oldRotatorSecret(t, LayoutCertController)
+	announced := func(c *Config) { c.DisableReplicaAnnouncements = false }
+	a, _ := startStoppable(t, client, clk, "a45c-a", LayoutCertController, announced)
+	waitFor(t, "a's adoption of O1", func() bool {
+		_, cc := getSecret(t, client).Data["ca.key"]
+		return !cc && a.Leaf() != nil && a.Leaf().CheckSignatureFrom(o1.ca.Cert) == nil
+	})
+	waitWaiters(t, clk, 1)
+	old.rewrite() // O2
+	waitFor(t, "a's hold", func() bool { return a.Status().ForeignWriter != "" })
+	s := getSecret(t, client).DeepCopy()
+	s.Annotations[CompromisedCAAnnotation] = Fingerprint(o1.ca.Cert)
+	_, err := client.CoreV1().Secrets("ns").Update(context.Background(), s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	b, _ := startStoppable(t, client, clk, "a45c-b", LayoutCertController, announced)
+	for range 120 {
+		clk.Step(30 * time.Second)
+		time.Sleep(10 * time.Millisecond)
+	}
+	old.rewrite() // O3: the old rotator answers once more, annotations kept
+	for range 240 {
+		clk.Step(30 * time.Second)
+		time.Sleep(10 * time.Millisecond)
+	}
+	s = getSecret(t, client)
+	t.Logf("anchor-ca=%q other-writer-cas=%q ca.crt holds %d CAs", s.Annotations[AnchorCAAnnotation], s.Annotations[OtherWriterCAsAnnotation], countCerts(t, s.Data["ca.crt"]))
+	require.False(t, caInBundle(t, s.Data["ca.crt"], o1.ca), "the compromised anchor is still in ca.crt")
+	for _, r := range []*Authority{a, b} {
+		require.False(t, caInBundle(t, r.CurrentCABundleContent(), o1.ca), "%s still publishes the compromised anchor", r.Name())
+		require.Error(t, r.Leaf().CheckSignatureFrom(o1.ca.Cert), "%s serves a leaf of the compromised anchor", r.Name())
+	}
+}
