@@ -105,11 +105,14 @@ func (w *foreignWriter) writeRecord(s *corev1.Secret, st *caSet) {
 				fps = append(fps, Fingerprint(c))
 			}
 		}
+		// The anchor this process knows first: a hand edit of the
+		// annotation is written over by every replica that knows the
+		// fleet's anchor, so the pods started since learn it (review 45).
 		switch {
-		case inBundle[s.Annotations[AnchorCAAnnotation]]:
-			anchor = s.Annotations[AnchorCAAnnotation]
 		case w.origin != nil && inBundle[Fingerprint(w.origin)]:
 			anchor = Fingerprint(w.origin)
+		case inBundle[s.Annotations[AnchorCAAnnotation]]:
+			anchor = s.Annotations[AnchorCAAnnotation]
 		}
 		w.mu.Unlock()
 	}

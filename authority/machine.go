@@ -511,9 +511,11 @@ func (m *machine) restore(st *caSet, last *caSet, exists bool, now time.Time, ke
 	// A CA past its recorded retirement (retire.go), on the Secret as read
 	// or as this process last had it, left on schedule too, unless a
 	// served leaf still chains to it (machine.retire keeps it then).
+	// An anchor this process knows is trusted until it expires, whatever
+	// retirement a peer that does not know it recorded (machine.retire).
 	trusted := func(c *x509.Certificate) bool {
 		end := earliest(st.trustEnds(c), last.trustEnds(c))
-		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || served(c)) && !m.emerg.compromised(st.ops, c)
+		return now.Add(skew).Before(c.NotAfter) && (now.Add(skew).Before(end) || served(c) || m.writer.anchored(c)) && !m.emerg.compromised(st.ops, c)
 	}
 	// The Secret went back in time when its signing CA is older than ours
 	// and either one we knew (a restore brings back what was there before)

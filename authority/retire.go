@@ -118,12 +118,33 @@ func (m *machine) retire(st *caSet, now time.Time, served func(*x509.Certificate
 			}
 		}
 	}
+	// An anchor this process knows (foreignWriter.anchored) is never
+	// retired either, whatever a peer that does not know it recorded: a
+	// hand edit of AnchorCAAnnotation left a pod started since without it,
+	// and that pod's retirement then took the anchor out of every
+	// replica's bundle (review 45).
+	for fp := range st.retire {
+		if c := st.bundleCert(fp); c != nil && m.writer.anchored(c) {
+			st.retire = maps.Clone(st.retire)
+			delete(st.retire, fp)
+		}
+	}
 	n := len(st.bundle)
 	st.bundle = slices.DeleteFunc(slices.Clone(st.bundle), func(c *x509.Certificate) bool {
 		t, ok := st.retire[Fingerprint(c)]
 		return ok && !now.Before(t) && !st.knowsSigning(c) && !served(c)
 	})
 	return len(st.bundle) != n
+}
+
+// bundleCert returns the CA of st's bundle whose Fingerprint is fp, or nil.
+func (st *caSet) bundleCert(fp string) *x509.Certificate {
+	for _, c := range st.bundle {
+		if Fingerprint(c) == fp {
+			return c
+		}
+	}
+	return nil
 }
 
 // knowsSigning reports whether c is st's signing CA or its successor.
