@@ -62,6 +62,7 @@ var (
 	simAdoptFlag   = flag.Bool("sim.adopt", false, "TestSimulate draws adoption plans too (1 seed in 5): the old rotator's pods still rewriting cert-controller's Secret; open, some seeds still break an invariant (make simulate-adopt)")
 	simCensus      = flag.Bool("sim.census", false, "TestSimulate runs every seed and lists each violating one by invariant, instead of stopping at the first")
 	simPlanOnly    = flag.String("sim.plan", "", "run only this schedule, as a failure prints it (a shrunk one: its lines joined with \\n or real newlines), logging its events")
+	simReplayMut   = flag.String("sim.mutation", "", "with -sim.seed or -sim.plan: replay it with this mutation (simMutations) restored")
 )
 
 // The simulated schedule: a 10-minute leaf and the defaults derived from it
@@ -316,7 +317,17 @@ func simDraw(seed int64, kinds []string) simPlan {
 			f.Dur = time.Duration(1+rng.Intn(1800)) * time.Second
 			f.Arg = []string{"fail", "hang"}[rng.Intn(2)]
 		case "silent":
-			f.Dur = time.Duration(1+rng.Intn(3600)) * time.Second
+			// The Secret's watch delivers nothing (no event, no
+			// bookmark): for up to an hour, then re-established with a
+			// relist, or, in one draw of two, to the end of the run: a
+			// wedged watch cache or proxy that the reflector's new watch
+			// reaches again (field trial 4 §2), which only the age bound
+			// of the reads (secretReadsMaxAge) gets past.
+			if d := rng.Intn(7200); d < 3600 {
+				f.Dur = time.Duration(1+d) * time.Second
+			} else {
+				f.Dur = horizon - f.At
+			}
 		case "clock":
 			// Within the skew tolerance: beyond it, the majority rules of
 			// clockskew.go decide, which this first simulator leaves to
@@ -386,13 +397,7 @@ func simRun(plan simPlan, mutation simMutation, logf func(string, ...any)) (*sim
 
 // simMutations are the old rules the mutation test restores, each with the
 // invariant that must catch it and the defect it was.
-var simMutations = []struct {
-	mutation  simMutation
-	invariant string
-	defect    string
-	// long: found only after hundreds of seeds (-sim.long-mutations).
-	long bool
-}{
+var simMutations = []simMutationCase{
 	{"delay-from-start", "L1", "field trial 4 §1: routine rollouts stall every CA rotation", false},
 	{"trust-watch-forever", "S3", "field trial 4 §2: a watch that stops delivering keeps a compromised CA in use", true},
 	{"compromised-signs", "S3", "a replica started mid-emergency signs its first leaf with the compromised CA", false},
@@ -408,6 +413,16 @@ var simMutations = []struct {
 	{"catch-up-at-restart", "R2", "a replica restarted or rolled out after the start catches up with a CA every bundle has held for longer than the delay, NotReady for the delay", false},
 }
 
+// simMutationCase is a mutation, the invariant that must catch it and the
+// defect it was.
+type simMutationCase struct {
+	mutation  simMutation
+	invariant string
+	defect    string
+	// long: found only after hundreds of seeds (-sim.long-mutations).
+	long bool
+}
+
 // simMutationPlans are, for a long mutation, a plan it was found on: make
 // test-sim checks that the invariant catches the mutation there and that
 // the plan passes without it, so the judge stays able to catch it between
@@ -415,6 +430,12 @@ var simMutations = []struct {
 // replica that starts during the overlap trusts the recorded bundle
 // (WrittenBundleAnnotation), which covers most of its earlier findings.
 var simMutationPlans = map[simMutation]string{
+	// trust-watch-forever: a watch silent from the start (to the run's
+	// end) never shows r0 the mark; found after 1304 seeds once a silent
+	// watch no longer ends the quiet time S3 counts (quietReads) and one
+	// silent watch in two stays so.
+	"trust-watch-forever": "seed 1304: 3 replicas, publishers [r1 r2], 1h20m0s CAs, 5 faults\n" +
+		"3s silent r0 for 1h49m57s\n7m17s paste\n9m4s slow r0 for 2m9s *:*:timeout\n45m34s paste\n1h27m35s compromise",
 	"trim-ignores-peers": "seed 3854: 2 replicas, publishers [r0 r1], 40m0s CAs, 4 faults, CA keys in a key store, adopting cert-controller's Secret\n" +
 		"12m19s kill r0 for 8m0s\n12m58s keys r0 for 15m48s fail\n19m56s oldrot for 12m0s answer 19s\n32m8s rotate",
 }
@@ -563,6 +584,13 @@ type simWorld struct {
 	// hsm is the key store's content (simKeyStore), by reference.
 	hsm        map[string]crypto.Signer
 	quietSince time.Time
+	// quietReads is quietSince but for the Secret's watch going silent:
+	// S3 and L1 count from it. A watch that delivers nothing is what the
+	// reads' age bound is for (secretReadsMaxAge: a GET once it has shown
+	// nothing for maxAge), and their bounds include it (simReadBound); a
+	// silent watch that ended the quiet time would leave the replica's
+	// relist at its end, not that bound, to read a compromised-ca mark.
+	quietReads time.Time
 	// faulted: a fault of the plan has been injected (R1 holds before).
 	faulted bool
 	// unquiet: a fault other than a routine one (simFault.routine) has
@@ -719,7 +747,7 @@ type simProc struct {
 func newSimWorld(plan simPlan, mutation simMutation, logf func(string, ...any)) *simWorld {
 	w := &simWorld{plan: plan, mutation: mutation, logf: logf, rng: rand.New(rand.NewSource(plan.Seed*7919 + 1)),
 		now: simEpoch, leases: map[string]*coordinationv1.Lease{}, unsafe: map[string]bool{}, emergency: map[string]bool{},
-		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, parsedRV: -1,
+		marked: map[string]time.Time{}, begun: map[string]bool{}, publishedAt: map[string]time.Time{}, gaps: map[string]bool{}, gapCAs: map[string]bool{}, quietSince: simEpoch, quietReads: simEpoch, parsedRV: -1,
 		restores: slices.ContainsFunc(plan.Faults, func(f simFault) bool { return f.Kind == "restore" })}
 	for i := range plan.Replicas {
 		s := &simSlot{idx: i, publisher: plan.Publishers[i], ctb: i < len(plan.CTB) && plan.CTB[i], id: fmt.Sprintf("r%d", i)}
@@ -1573,6 +1601,9 @@ func (w *simWorld) inject(f simFault) {
 		if end.After(w.quietSince) {
 			w.quietSince = end
 		}
+		if f.Kind != "silent" && end.After(w.quietReads) {
+			w.quietReads = end
+		}
 		if f.Kind != "oldrot" && end.After(w.quietExOld) {
 			w.quietExOld = end
 		}
@@ -2075,7 +2106,7 @@ func (w *simWorld) checkInvariants() {
 			w.lastSigning, w.signingSince = fp, w.now
 		}
 	}
-	quiet := w.now.Sub(w.quietSince)
+	quiet := w.now.Sub(w.quietReads)
 	// The clients are built into the array of the last event's.
 	clients := w.clients[:0]
 	if len(w.target) > 0 {
@@ -2138,7 +2169,7 @@ func (w *simWorld) checkInvariants() {
 	// simDrainBound of quiet time.
 	brokenForGood := w.secret != nil && (w.parsedSign == nil || w.noneCanRepair())
 	for fp, at := range w.marked {
-		since := w.now.Sub(latest(at, w.quietSince))
+		since := w.now.Sub(latest(at, w.quietReads))
 		if brokenForGood && since >= simDrainBound {
 			w.gaps[gapBrokenEmergency] = true
 			continue
@@ -2245,10 +2276,10 @@ func (w *simWorld) checkInvariants() {
 	}
 	if w.parsedSign != nil && w.secret != nil && !w.waitsForOperator() {
 		due := w.parsedSign.NotAfter.Add(-renewBefore)
-		from := latest(due, w.quietSince)
+		from := latest(due, w.quietReads)
 		if anyAlive && w.now.Sub(from) >= delay+simSettle && w.now.Before(w.parsedSign.NotAfter) && w.stableAlive(from) {
 			w.fail("L1", "CA %s was due for rotation at %s and still signs %v later (quiet since %s)", short(Fingerprint(w.parsedSign)),
-				due.Format(time.TimeOnly), w.now.Sub(due), w.quietSince.Format(time.TimeOnly))
+				due.Format(time.TimeOnly), w.now.Sub(due), w.quietReads.Format(time.TimeOnly))
 		}
 	}
 	// A1, A2, A3: an adoption plan's old rotator (simulate_adopt_test.go).
@@ -2488,7 +2519,13 @@ func TestSimulate(t *testing.T) {
 			}
 		}
 		t.Log(plan)
-		v, st := simRun(plan, "", t.Logf)
+		m := simMutation(*simReplayMut)
+		if m != "" && !slices.ContainsFunc(simMutations, func(c simMutationCase) bool { return c.mutation == m }) {
+			t.Fatalf("-sim.mutation: no mutation %q", m)
+		}
+		undo := simMutate(m)
+		defer undo()
+		v, st := simRun(plan, m, t.Logf)
 		t.Logf("%d events, %d checks, %d Lease writes", st.events, st.checks, st.leaseWrites)
 		if v != nil {
 			t.Fatal(v)
