@@ -2168,6 +2168,13 @@ func (w *simWorld) checkInvariants() {
 	// S3: a CA marked compromised leaves every bundle within
 	// simDrainBound of quiet time.
 	brokenForGood := w.secret != nil && (w.parsedSign == nil || w.noneCanRepair())
+	// Watched through the drain time too: a rollout's processes that held
+	// the killed replica's Lease while the emergency waited are gone, or
+	// past their first-sight wait, by the time the bound is reached (make
+	// simulate, seed 23774).
+	if len(w.marked) > 0 && w.deadLeaseHeld() {
+		w.deadLeaseAt = w.now
+	}
 	for fp, at := range w.marked {
 		since := w.now.Sub(latest(at, w.quietReads))
 		if brokenForGood && since >= simDrainBound {
@@ -2183,9 +2190,6 @@ func (w *simWorld) checkInvariants() {
 			return w.live(s.proc) && simFingerprints(s.proc.a.CurrentCABundleContent())[fp]
 		})
 		if inTarget || inBundle {
-			if w.deadLeaseHeld() {
-				w.deadLeaseAt = w.now
-			}
 			// Also just after: a process that has not listed the Leases
 			// yet, started by the same rollout, will hold it again.
 			if !w.deadLeaseAt.IsZero() && w.now.Sub(w.deadLeaseAt) < simLease {
