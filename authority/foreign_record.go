@@ -39,11 +39,14 @@ const OtherWriterCAsAnnotation = "evercert.io/other-writer-cas"
 // the rewrite it adopted first as its anchor, one CA more in ca.crt per pod
 // for ten years at cert-controller's defaults (the simulator's A2). The
 // old rotator's rewrites keep the annotation, as they keep every
-// annotation, and every write keeps it as read while it names a CA of
-// ca.crt. Editing it only keeps the CA it names longer (for the replicas
-// that read it; the others keep the anchor they know); removing it makes a
-// replica that starts during an overlap keep its first adoption as before,
-// until it expires. Not written in the Authority's own layout.
+// annotation; every write names the anchor the writing process knows, else
+// keeps the value as read while it names a CA of ca.crt. Editing it only
+// keeps the CA it names longer (for the replicas that read it before a
+// replica that knows the anchor writes it back); a process never retires
+// an anchor it knows, whatever a peer recorded (machine.retire). Removing
+// it makes a replica that starts during an overlap, before any write
+// names it again, keep its first adoption as before, until it expires.
+// Not written in the Authority's own layout.
 const AnchorCAAnnotation = "evercert.io/anchor-ca"
 
 // learnRecorded adds to the other writer's CAs (episode) those of st (its
