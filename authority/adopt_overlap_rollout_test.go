@@ -180,14 +180,17 @@ func TestAnchorCARecord(t *testing.T) {
 	require.True(t, r.anchored(anchor.Cert))
 	require.False(t, r.anchored(rewrite.Cert))
 
-	// A hand edit names another CA of ca.crt: kept as read, and a reader
-	// that knew the anchor keeps it too.
+	// A hand edit names another CA of ca.crt: a process that knows no
+	// anchor keeps it as read; one that knows the anchor keeps it and
+	// writes it over the edit (review 45: the pods started since learn it).
 	st.bundle = append(st.bundle, edited.Cert)
 	s.Annotations[AnchorCAAnnotation] = Fingerprint(edited.Cert)
+	(&foreignWriter{layout: LayoutCertController}).writeRecord(s, st)
+	require.Equal(t, Fingerprint(edited.Cert), s.Annotations[AnchorCAAnnotation], "written as read while it names a CA of ca.crt")
 	w.learnRecorded(s, st)
 	require.True(t, w.anchored(anchor.Cert), "a hand edit never takes the anchor away")
 	w.writeRecord(s, st)
-	require.Equal(t, Fingerprint(edited.Cert), s.Annotations[AnchorCAAnnotation], "written as read while it names a CA of ca.crt")
+	require.Equal(t, Fingerprint(anchor.Cert), s.Annotations[AnchorCAAnnotation], "the anchor this process knows, written over the edit")
 
 	// A recorded anchor no longer in ca.crt (expired) is replaced by the
 	// one this process knows, or removed.
