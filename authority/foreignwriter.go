@@ -298,9 +298,14 @@ func (w *foreignWriter) decide(in stepInput) (hold *foreignWriterHold, trim bool
 		// CA adopted (a review found it in ca.crt until it expired, never
 		// retired).
 		w.rememberLocked(st.signing.Cert)
-		if w.origin == nil && in.last == nil && in.written == "" && len(in.marks) == 0 {
+		if w.origin == nil && in.last == nil && in.written == "" && len(in.marks) == 0 && st.signing.Key != nil {
 			// No Authority wrote this Secret: the migration begins
-			// here, with this CA (AnchorCAAnnotation).
+			// here, with this CA (AnchorCAAnnotation). Only a CA
+			// adopted with its key: a replica cut off renews from the
+			// anchor, and knative's CA comes without one (its leaf is
+			// served until evercert's own CA signs), so nothing renews
+			// from it and it leaves as any of the old tool's CAs
+			// (make test-migrate, TestMigrateFromKnativeWhileItRotates).
 			w.origin = st.signing.Cert
 		}
 	}
